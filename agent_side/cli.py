@@ -1,0 +1,467 @@
+"""The ``paddock`` command: run one turn on a target and exit with its status.
+
+    paddock run [--target URL] [--token-file F] [--cacert F] [--role R] [--cwd D]
+                [-e K=V ...] [--write P ...] [--read P ...] [--net] [--timeout S]
+                [--json] [--local] -- CMD...
+    paddock health [--target URL] [--cacert F] [--local]
+
+Exit statuses follow DESIGN.md: the command's own 0..123, 124 timed out, 125
+paddock itself failed (this module's ``paddock: LABEL: ...`` lines), 126
+refused, 127 not found, 128+N killed by signal N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import contextlib
+import os
+import signal
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import NoReturn, TextIO
+
+from pydantic import ValidationError
+
+from agent_side.client import TargetClient
+from agent_side.errors import AgentError, ProtocolError, TurnLost, UsageError
+from shared import __version__
+from shared.exit_status import ExitStatus
+from shared.wire import (
+    TERMINAL_KINDS,
+    Event,
+    FsAccess,
+    Limits,
+    OutputEvent,
+    Refusal,
+    Turn,
+    TurnRequest,
+)
+
+DEFAULT_ROLE = "default"
+INTERRUPTED = ExitStatus.SIGNAL_BASE + signal.SIGINT
+
+
+@dataclass(frozen=True)
+class Connection:
+    """Where the target is and how to prove who we are to it."""
+
+    url: str
+    token: str | None = field(repr=False)
+    cacert: str | None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``paddock`` command line; returns the process exit status."""
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as exc:
+        return _failed(exc)
+    except SystemExit as exc:  # --help and --version end parsing on purpose
+        return exc.code if isinstance(exc.code, int) else 0
+    try:
+        return int(args.handler(args, os.environ))
+    except AgentError as exc:
+        return _failed(exc)
+    except KeyboardInterrupt:
+        say("interrupted; the turn may still be running on the target")
+        return INTERRUPTED
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line, with usage errors raised as ``UsageError``."""
+    parser = _Parser(prog="paddock", description="Run a command as a fenced turn on a target.")
+    parser.add_argument("--version", action="version", version=f"paddock {__version__}")
+    commands = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
+
+    run = commands.add_parser("run", help="run one command as a turn and stream its output")
+    _add_target_options(run)
+    run.add_argument("--token-file", metavar="F", help="file holding the token (PADDOCK_TOKEN)")
+    run.add_argument("--role", help="role to run as (PADDOCK_ROLE, else 'default')")
+    run.add_argument("--cwd", metavar="D", help="working directory on the target (absolute)")
+    run.add_argument(
+        "-e", "--env", action="append", default=[], metavar="K=V", help="set a variable"
+    )
+    run.add_argument("--write", action="append", default=[], metavar="P", help="writable path")
+    run.add_argument("--read", action="append", default=[], metavar="P", help="read-only path")
+    run.add_argument("--net", action="store_true", help="share the host's network")
+    run.add_argument("--timeout", type=_positive_seconds, metavar="S", help="wall-time limit")
+    run.add_argument("--json", action="store_true", help="print events and the turn as JSON lines")
+    run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD...")
+    run.set_defaults(handler=run_command)
+
+    health = commands.add_parser("health", help="print the target's health (exit 1: degraded)")
+    _add_target_options(health)
+    health.set_defaults(handler=health_command)
+    return parser
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # argparse would exit 2, which belongs to the command; paddock's own failures are 125.
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def _add_target_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", metavar="URL", help="target URL (PADDOCK_TARGET)")
+    parser.add_argument("--cacert", metavar="F", help="CA certificate to trust (PADDOCK_CACERT)")
+    parser.add_argument("--local", action="store_true", help="start an embedded loopback target")
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
+    return value
+
+
+# -- resolving the command line -------------------------------------------------------
+
+
+def resolve_connection(
+    args: argparse.Namespace, environ: Mapping[str, str], *, need_token: bool = True
+) -> Connection:
+    """Target, token and CA: each from its flag, else its PADDOCK_* variable."""
+    url = args.target or environ.get("PADDOCK_TARGET")
+    if not url:
+        raise UsageError("no target: give --target URL or set PADDOCK_TARGET (or use --local)")
+    token: str | None = None
+    token_file = getattr(args, "token_file", None)
+    if token_file:
+        token = read_token(token_file)
+    elif environ.get("PADDOCK_TOKEN"):
+        token = environ["PADDOCK_TOKEN"].strip()
+    elif need_token:
+        raise UsageError("no token: give --token-file F or set PADDOCK_TOKEN")
+    return Connection(url=url, token=token, cacert=args.cacert or environ.get("PADDOCK_CACERT"))
+
+
+def resolve_role(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
+    """``--role``, else PADDOCK_ROLE, else ``default``."""
+    return str(args.role or environ.get("PADDOCK_ROLE") or DEFAULT_ROLE)
+
+
+def read_token(path: str) -> str:
+    """The token in ``path``, surrounding whitespace removed; warns if others may read it."""
+    try:
+        with open(path, encoding="utf-8") as source:
+            token = source.read().strip()
+            mode = os.fstat(source.fileno()).st_mode
+    except OSError as exc:
+        raise UsageError(f"cannot read token file {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"token file {path} is not UTF-8 text") from exc
+    if not token:
+        raise UsageError(f"token file {path} is empty")
+    if mode & 0o077:
+        say(f"warning: token file {path} is readable by others; chmod 600 it")
+    return token
+
+
+def build_request(args: argparse.Namespace, role: str, local_cwd: str | None) -> TurnRequest:
+    """The TurnRequest the command line asks for.
+
+    ``local_cwd`` is set only for ``--local``: relative paths then mean paths
+    on this machine and are joined to it (not normalised: the target's walk
+    resolves ``..`` physically). For a remote target they are an error.
+    """
+    argv = list(args.command)
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        raise UsageError("give the command to run after '--', e.g. paddock run -- make test")
+    cwd = _target_path(args.cwd, "--cwd", local_cwd) if args.cwd else local_cwd
+    try:
+        return TurnRequest(
+            role=role,
+            argv=argv,
+            cwd=cwd,
+            env=_env_pairs(args.env),
+            fs=FsAccess(
+                read=[_target_path(p, "--read", local_cwd) for p in args.read],
+                write=[_target_path(p, "--write", local_cwd) for p in args.write],
+            ),
+            network="host" if args.net else "none",
+            limits=Limits(wall_s=args.timeout),
+        )
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']}" for e in exc.errors()
+        )
+        raise UsageError(f"the request is not valid: {problems}") from exc
+
+
+def _target_path(path: str, flag: str, local_cwd: str | None) -> str:
+    if path.startswith("/"):
+        return path
+    if local_cwd is None:
+        raise UsageError(
+            f"{flag} {path!r} is relative; give an absolute path on the target "
+            "(relative paths are accepted only with --local)"
+        )
+    return os.path.join(local_cwd, path)
+
+
+def _env_pairs(pairs: Sequence[str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise UsageError(f"-e {pair!r} is not NAME=VALUE")
+        env[name] = value
+    return env
+
+
+# -- run ------------------------------------------------------------------------------
+
+
+def run_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """``paddock run``: submit, stream, forward Ctrl-C, and return the turn's status."""
+    if args.local:
+        _refuse_with_local(args)
+        from agent_side.local import LOCAL_ROLE, local_target
+
+        local_cwd = os.getcwd()
+        request = build_request(args, args.role or LOCAL_ROLE, local_cwd)
+        with local_target(local_cwd) as target:
+            connection = Connection(target.url, target.token, target.cacert)
+            return run_turn(connection, request, as_json=args.json)
+    connection = resolve_connection(args, environ)
+    request = build_request(args, resolve_role(args, environ), None)
+    return run_turn(connection, request, as_json=args.json)
+
+
+def _refuse_with_local(args: argparse.Namespace) -> None:
+    given = [f for f, v in (("--target", args.target), ("--cacert", args.cacert)) if v]
+    if getattr(args, "token_file", None):
+        given.append("--token-file")
+    if given:
+        raise UsageError(f"--local starts its own target; drop {', '.join(given)}")
+    if getattr(args, "role", None) not in (None, "default"):
+        raise UsageError("the --local target has one role, 'default'; drop --role")
+
+
+def run_turn(connection: Connection, request: TurnRequest, *, as_json: bool) -> int:
+    """Run ``request`` on the target and return the status ``paddock run`` exits with."""
+    with TargetClient(connection.url, connection.token, cacert=connection.cacert) as client:
+        forwarder = SignalForwarder(client)
+        with forwarder.installed():
+            turn = client.submit(request, idempotency_key=str(uuid.uuid4()))
+            forwarder.attach(turn.turn_id)
+            sink = _Sink(as_json=as_json, on_broken_pipe=lambda: forwarder.send("TERM"))
+            terminal: Event | None = None
+            # A turn refused at submission is already final; its Turn says everything.
+            if not turn.finished:
+                for event in client.follow(turn.turn_id):
+                    sink.event(event)
+                    if event.kind in TERMINAL_KINDS:
+                        terminal = event
+            final = client.turn(turn.turn_id)
+        if final.refusal is not None and not sink.refusal_shown:
+            say(refusal_sentence(final.refusal))
+        sink.turn(final)
+        return exit_status(final, terminal)
+
+
+def exit_status(final: Turn, terminal: Event | None) -> int:
+    """The status to exit with: the terminal event's, else the finished turn's."""
+    if final.state == "lost":
+        raise TurnLost(f"the target marked turn {final.turn_id} lost (it crashed or restarted)")
+    status = getattr(terminal, "exit_code", None)
+    if status is None:
+        status = final.exit_code
+    if status is None:
+        raise ProtocolError(f"turn {final.turn_id} ended ({final.state}) without an exit status")
+    if not 0 <= status <= 255:
+        raise ProtocolError(f"turn {final.turn_id} reported exit status {status}, not 0..255")
+    return int(status)
+
+
+def refusal_sentence(refusal: Refusal) -> str:
+    """``refused (RULE, SUBJECT): DETAIL``, naming the path and what it resolved to."""
+    detail = refusal.detail.strip().rstrip(".")
+    where = _refused_path(refusal.path, refusal.resolved)
+    return f"refused ({refusal.rule}, {refusal.subject}): {detail}{where}."
+
+
+def _refused_path(path: str | None, resolved: str | None) -> str:
+    if path and resolved and path != resolved:
+        return f" (path {path} resolves to {resolved})"
+    if path or resolved:
+        return f" (path {path or resolved})"
+    return ""
+
+
+class _Sink:
+    """Writes events as they arrive: raw bytes to stdout/stderr, or JSON lines."""
+
+    def __init__(self, *, as_json: bool, on_broken_pipe: Callable[[], None]) -> None:
+        self._as_json = as_json
+        self._on_broken_pipe = on_broken_pipe
+        self._stdout_open = True
+        self.refusal_shown = False
+
+    def event(self, event: Event) -> None:
+        if event.kind == "refused":
+            say(refusal_sentence(event.refusal))
+            self.refusal_shown = True
+        if self._as_json:
+            self._stdout((event.model_dump_json() + "\n").encode())
+        elif isinstance(event, OutputEvent):
+            if event.kind == "stdout":
+                self._stdout(output_bytes(event))
+            else:
+                _write(sys.stderr, output_bytes(event))
+        elif event.kind == "notice":
+            say(f"notice: {event.message}")
+
+    def turn(self, turn: Turn) -> None:
+        if self._as_json:
+            self._stdout((turn.model_dump_json() + "\n").encode())
+
+    def _stdout(self, data: bytes) -> None:
+        if not self._stdout_open:
+            return
+        try:
+            _write(sys.stdout, data)
+        except BrokenPipeError:
+            # Like SIGPIPE for a local pipeline: nobody reads on, so stop the producer.
+            self._stdout_open = False
+            _silence_stdout()
+            self._on_broken_pipe()
+
+
+def output_bytes(event: OutputEvent) -> bytes:
+    """The bytes an output event carries, whichever way it encoded them."""
+    if event.data is not None:
+        return event.data.encode()
+    try:
+        return base64.b64decode(event.data_b64 or "", validate=True)
+    except binascii.Error as exc:
+        raise ProtocolError(f"event {event.seq} carries data_b64 that is not base64") from exc
+
+
+def _write(stream: TextIO, data: bytes) -> None:
+    stream.flush()  # keep text already written ahead of these bytes
+    stream.buffer.write(data)
+    stream.buffer.flush()
+
+
+def _silence_stdout() -> None:
+    # Point fd 1 at /dev/null so interpreter shutdown does not trip on the dead pipe.
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
+# -- Ctrl-C ---------------------------------------------------------------------------
+
+
+class SignalForwarder:
+    """Ctrl-C sends INT to the turn; a second sends KILL; a third stops waiting for it.
+
+    The handler runs on the main thread between bytecodes, so it only decides;
+    a helper thread does the HTTP request and the talking.
+    """
+
+    def __init__(self, client: TargetClient) -> None:
+        self._client = client
+        self._turn_id: str | None = None
+        self._pending: str | None = None
+        self._presses = 0
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[SignalForwarder]:
+        """Handle SIGINT while the block runs (only the main thread can)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous = signal.signal(signal.SIGINT, self._on_sigint)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def attach(self, turn_id: str) -> None:
+        """The turn now exists; deliver a Ctrl-C that came before it did."""
+        self._turn_id = turn_id
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self.send(pending)
+
+    def send(self, name: str) -> None:
+        """Post ``name`` to the turn from a helper thread."""
+        turn_id = self._turn_id
+        if turn_id is None:
+            self._pending = name
+            return
+        threading.Thread(
+            target=self._deliver, args=(turn_id, name), daemon=True, name="paddock-signal"
+        ).start()
+
+    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
+        self._presses += 1
+        if self._presses >= 3:
+            raise KeyboardInterrupt
+        self.send("INT" if self._presses == 1 else "KILL")
+
+    def _deliver(self, turn_id: str, name: str) -> None:
+        try:
+            self._client.signal(turn_id, name)
+        except (AgentError, RuntimeError) as exc:
+            say(f"could not send {name} to turn {turn_id}: {exc}")
+            return
+        if name == "INT":
+            say(f"sent INT to turn {turn_id}; Ctrl-C again sends KILL")
+
+
+# -- health ---------------------------------------------------------------------------
+
+
+def health_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """``paddock health``: print the health JSON; exit 0 armed, 1 degraded."""
+    if args.local:
+        _refuse_with_local(args)
+        from agent_side.local import local_target
+
+        with local_target() as target:
+            return _print_health(Connection(target.url, None, target.cacert))
+    return _print_health(resolve_connection(args, environ, need_token=False))
+
+
+def _print_health(connection: Connection) -> int:
+    with TargetClient(connection.url, connection.token, cacert=connection.cacert) as client:
+        health = client.health()
+    _write(sys.stdout, (health.model_dump_json() + "\n").encode())
+    return 0 if health.status == "armed" else 1
+
+
+# -- output ---------------------------------------------------------------------------
+
+
+def say(message: str) -> None:
+    """One ``paddock: ...`` line on stderr, control characters made visible."""
+    print(f"paddock: {_visible(message)}", file=sys.stderr, flush=True)
+
+
+def _failed(exc: AgentError) -> int:
+    say(f"{exc.label}: {exc}")
+    return int(ExitStatus.PADDOCK_FAILED)
+
+
+def _visible(text: str) -> str:
+    # Text from the target must not drive the terminal (escape sequences, fake lines).
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

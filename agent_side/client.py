@@ -1,0 +1,403 @@
+"""A synchronous client for the target's v1 API (DESIGN.md, "Wire contract").
+
+Every httpx failure leaves this module as an ``AgentError`` (see ``errors``).
+Only two things are retried, both because the contract makes them safe: a
+``submit`` that carries an ``Idempotency-Key`` (the target returns the same
+turn), and ``follow``, which resumes the event stream from the last event it
+delivered (the target neither loses nor repeats events after a cursor).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import ssl
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TypeVar
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from agent_side.errors import (
+    AgentError,
+    AuthRejected,
+    ConnectionDropped,
+    ProtocolError,
+    RequestRejected,
+    TargetUnreachable,
+    TurnLost,
+    UsageError,
+    map_transport_error,
+)
+from agent_side.sse import ServerSentEvent, SSEDecoder
+from shared import __version__
+from shared.wire import (
+    EVENTS,
+    TERMINAL_KINDS,
+    Event,
+    Health,
+    Problem,
+    SignalRequest,
+    Turn,
+    TurnRequest,
+)
+
+DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
+"""Reads allow 30 s of silence: twice the target's default heartbeat on event streams."""
+
+_Model = TypeVar("_Model", bound=BaseModel)
+_MAX_SHOWN_BODY = 200
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How ``follow`` (and a keyed ``submit``) wait between tries: doubling, capped, bounded."""
+
+    first_delay_s: float = 0.2
+    max_delay_s: float = 5.0
+    budget_s: float = 30.0
+
+    def delays(self, clock: Callable[[], float] = time.monotonic) -> Iterator[float]:
+        """The pause before each retry, until the delays or the clock pass ``budget_s``."""
+        started = clock()
+        spent = 0.0
+        delay = self.first_delay_s
+        while spent + delay <= self.budget_s and clock() - started + delay <= self.budget_s:
+            yield delay
+            spent += delay
+            delay = min(delay * 2, self.max_delay_s)
+
+
+class TargetClient:
+    """The target's API over one httpx connection pool.
+
+    ``transport`` replaces the network: any ``httpx.BaseTransport``, such as
+    ``httpx.MockTransport`` or an SSH channel transport. ``httpx.ASGITransport``
+    is async-only and cannot serve this synchronous client.
+
+    The bearer token goes only to routes that need it (not to health), and
+    never over plain HTTP to a host other than loopback. Without a token
+    (``None``) only ``health`` can succeed.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None,
+        *,
+        cacert: str | None = None,
+        transport: httpx.BaseTransport | None = None,
+        timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+        retry: RetryPolicy | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        url = _checked_base_url(base_url, using_transport=transport is not None)
+        self._auth = {} if token is None else {"Authorization": f"Bearer {_checked_token(token)}"}
+        self._base_url = str(url).rstrip("/")
+        self._retry = retry or RetryPolicy()
+        self._sleep = sleep
+        self._http = httpx.Client(
+            base_url=self._base_url,
+            verify=_tls_context(cacert) if url.scheme == "https" else False,
+            transport=transport,
+            timeout=timeout,
+            # Proxy, netrc and CA variables would silently change where the token goes.
+            trust_env=False,
+            follow_redirects=False,
+            headers={"User-Agent": f"paddock/{__version__}"},
+        )
+        self._closed = False
+
+    @property
+    def base_url(self) -> str:
+        return self._base_url
+
+    def __repr__(self) -> str:
+        return f"TargetClient({self._base_url!r}, closed={self._closed})"
+
+    def close(self) -> None:
+        """Close the connection pool; the client refuses every call after this."""
+        self._closed = True
+        self._http.close()
+
+    def __enter__(self) -> TargetClient:
+        self._require_open()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def health(self) -> Health:
+        """The target's health; needs no token."""
+        return self._model(Health, self._request("GET", "/v1/health", auth=False), 200)
+
+    def submit(self, request: TurnRequest, idempotency_key: str | None = None) -> Turn:
+        """Start a turn. With ``idempotency_key``, a dropped exchange is retried safely."""
+        headers = {} if idempotency_key is None else {"Idempotency-Key": idempotency_key}
+        body = request.model_dump_json(exclude_none=True).encode()
+
+        def attempt() -> Turn:
+            response = self._request("POST", "/v1/turns", content=body, headers=headers)
+            # 200 is how a target may answer a retried POST it had already served.
+            return self._model(Turn, response, 201, 200)
+
+        if idempotency_key is None:
+            return attempt()
+        return self._retrying(attempt, retry_on=(ConnectionDropped,))
+
+    def turn(self, turn_id: str) -> Turn:
+        """The turn as the target knows it now."""
+        response = self._request("GET", f"/v1/turns/{_segment(turn_id)}", turn_id=turn_id)
+        return self._model(Turn, response, 200)
+
+    def signal(self, turn_id: str, name: str) -> Turn:
+        """Send ``name`` (INT, TERM, KILL or HUP) to every process of the turn."""
+        try:
+            body = SignalRequest.model_validate({"signal": name}).model_dump_json().encode()
+        except ValidationError as exc:
+            raise UsageError(f"signal {name!r} is not one of INT, TERM, KILL, HUP") from exc
+        path = f"/v1/turns/{_segment(turn_id)}/signal"
+        response = self._request("POST", path, content=body, turn_id=turn_id)
+        return self._model(Turn, response, 202)
+
+    def events(self, turn_id: str, after: int = 0, wait: float | None = None) -> Iterator[Event]:
+        """The turn's events with seq > ``after``, as they arrive, until the stream ends.
+
+        A broken connection raises ``ConnectionDropped``; ``follow`` resumes it.
+        """
+        self._require_open()
+        params: dict[str, str] = {"after": str(after)}
+        if wait is not None:
+            params["wait"] = str(wait)
+        path = f"/v1/turns/{_segment(turn_id)}/events"
+        headers = {**self._auth, "Accept": "text/event-stream"}
+        with (
+            self._mapped(path),
+            self._http.stream("GET", path, params=params, headers=headers) as response,
+        ):
+            if response.status_code != 200:
+                response.read()
+                raise _status_error(response, turn_id=turn_id)
+            _require_event_stream(response)
+            decoder = SSEDecoder()
+            for chunk in response.iter_bytes():
+                for frame in decoder.feed(chunk):
+                    yield _event_of(frame)
+            decoder.close()
+
+    def follow(self, turn_id: str, after: int = 0) -> Iterator[Event]:
+        """Every event after ``after`` exactly once, through dropped connections, to the end.
+
+        Stops after the terminal event (``exit`` or ``refused``), or when the
+        turn is finished and the target has no terminal event to give.
+        """
+        cursor = after
+        delays = self._retry.delays()
+        quiet_passes = 0
+        while True:
+            progressed = False
+            try:
+                for event in self.events(turn_id, after=cursor):
+                    if event.seq <= cursor:
+                        continue  # a repeat must not reach the user twice
+                    cursor, progressed = event.seq, True
+                    delays = self._retry.delays()
+                    yield event
+                    if event.kind in TERMINAL_KINDS:
+                        return
+                # The stream ended cleanly with no terminal event: what became of the turn?
+                turn = self.turn(turn_id)
+            except (ConnectionDropped, TargetUnreachable) as exc:
+                self._pause(delays, exc, f"following turn {turn_id} after event {cursor}")
+                continue
+            if turn.state == "lost":
+                raise TurnLost(f"the target marked turn {turn_id} lost (it crashed or restarted)")
+            quiet_passes = 0 if progressed else quiet_passes + 1
+            if turn.finished and quiet_passes > 1:
+                return  # finished, and two passes found no terminal event to deliver
+            if not turn.finished and not progressed:
+                self._pause(
+                    delays,
+                    ProtocolError("the event stream ended without a terminal event"),
+                    f"following turn {turn_id} after event {cursor}",
+                )
+
+    def _pause(self, delays: Iterator[float], exc: AgentError, doing: str) -> None:
+        delay = next(delays, None)
+        if delay is None:
+            raise type(exc)(f"gave up {doing} after {self._retry.budget_s:g} s: {exc}") from exc
+        self._sleep(delay)
+
+    def _retrying(
+        self, attempt: Callable[[], _Model], retry_on: tuple[type[AgentError], ...]
+    ) -> _Model:
+        delays = self._retry.delays()
+        while True:
+            try:
+                return attempt()
+            except retry_on as exc:
+                self._pause(delays, exc, "retrying")
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        auth: bool = True,
+        content: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        turn_id: str | None = None,
+    ) -> httpx.Response:
+        self._require_open()
+        all_headers = {**(self._auth if auth else {}), **(headers or {})}
+        if content is not None:
+            all_headers["Content-Type"] = "application/json"
+        with self._mapped(path):
+            response = self._http.request(method, path, content=content, headers=all_headers)
+        if not response.is_success:
+            raise _status_error(response, turn_id=turn_id)
+        return response
+
+    @staticmethod
+    def _model(model: type[_Model], response: httpx.Response, *statuses: int) -> _Model:
+        if response.status_code not in statuses:
+            raise ProtocolError(
+                f"{response.request.method} {response.request.url.path} answered "
+                f"{response.status_code}, expected {' or '.join(map(str, statuses))}"
+            )
+        try:
+            return model.model_validate_json(response.content)
+        except ValidationError as exc:
+            raise ProtocolError(
+                f"{response.request.url.path} answered a body that is not "
+                f"a valid {model.__name__}: {_first_error(exc)}"
+            ) from exc
+
+    @contextmanager
+    def _mapped(self, path: str) -> Iterator[None]:
+        try:
+            yield
+        except httpx.HTTPError as exc:
+            raise map_transport_error(exc, self._base_url + path) from exc
+
+    def _require_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this TargetClient is closed; make a new one")
+
+
+def _checked_base_url(base_url: str, *, using_transport: bool) -> httpx.URL:
+    try:
+        url = httpx.URL(base_url)
+    except httpx.InvalidURL as exc:
+        raise UsageError(f"target URL {base_url!r} is not a URL: {exc}") from exc
+    if url.scheme not in ("http", "https") or not url.host:
+        raise UsageError(f"target URL {base_url!r} must look like https://HOST:PORT")
+    if url.scheme == "http" and not using_transport and not _is_loopback(url.host):
+        raise UsageError(
+            f"refusing to send the token over plain HTTP to {url.host}; "
+            "use https:// (plain HTTP is only for loopback addresses)"
+        )
+    return url
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _checked_token(token: str) -> str:
+    if not token or any(c.isspace() or not c.isprintable() for c in token):
+        raise UsageError("the token is empty or contains spaces or control characters")
+    return token
+
+
+def _tls_context(cacert: str | None) -> ssl.SSLContext:
+    try:
+        return ssl.create_default_context(cafile=cacert)
+    except (OSError, ssl.SSLError) as exc:
+        raise UsageError(f"cannot load CA certificate {cacert}: {exc}") from exc
+
+
+def _segment(turn_id: str) -> str:
+    # Turn ids are t-<hex>; anything else must not be able to steer the request path.
+    if not turn_id or any(c in turn_id for c in "/?#%") or turn_id in (".", ".."):
+        raise UsageError(f"{turn_id!r} is not a turn id")
+    return turn_id
+
+
+def _require_event_stream(response: httpx.Response) -> None:
+    media_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type != "text/event-stream":
+        raise ProtocolError(f"the events route answered {media_type or 'no content type'}")
+
+
+def _event_of(frame: ServerSentEvent) -> Event:
+    try:
+        event: Event = EVENTS.validate_json(frame.data)
+    except ValidationError as exc:
+        raise ProtocolError(f"an event frame is not a valid Event: {_first_error(exc)}") from exc
+    if frame.event not in ("message", event.kind) or frame.id not in (None, str(event.seq)):
+        raise ProtocolError(
+            f"event frame id={frame.id} event={frame.event} disagrees with its data "
+            f"(seq {event.seq}, kind {event.kind})"
+        )
+    return event
+
+
+def _status_error(response: httpx.Response, *, turn_id: str | None) -> AgentError:
+    status = response.status_code
+    problem = _problem(response)
+    said = _problem_text(problem, response)
+    if status == 401:
+        return AuthRejected(
+            f"the target rejected the token (401: {said}); "
+            "check --token-file / PADDOCK_TOKEN holds a token minted for this target"
+        )
+    if status == 403:
+        return AuthRejected(f"the token does not hold that role (403: {said}); check --role")
+    if status == 404 and turn_id is not None:
+        return TurnLost(f"the target does not know turn {turn_id} (404: {said})")
+    if 400 <= status < 500:
+        return RequestRejected(f"the target rejected the request ({status}: {said})")
+    return ProtocolError(
+        f"{response.request.method} {response.request.url.path} failed with {status}: {said}"
+    )
+
+
+def _problem(response: httpx.Response) -> Problem | None:
+    media_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type not in ("application/problem+json", "application/json"):
+        return None
+    try:
+        return Problem.model_validate_json(response.content)
+    except ValidationError:
+        return None
+
+
+def _problem_text(problem: Problem | None, response: httpx.Response) -> str:
+    if problem is None:
+        shown = response.text[:_MAX_SHOWN_BODY].strip()
+        return shown or response.reason_phrase or "no detail"
+    text = problem.detail or problem.title
+    if problem.errors:
+        fields = "; ".join(f"{e.field}: {e.message}" for e in problem.errors)
+        text = f"{text}; {fields}"
+    return text
+
+
+def _first_error(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    where = ".".join(str(p) for p in error["loc"]) or "(body)"
+    return f"{where}: {error['msg']}"

@@ -1,0 +1,127 @@
+"""Exceptions of the agent side, and the one place httpx's exceptions are mapped to them.
+
+    AgentError (shared.errors.PaddockError)
+     ├── UsageError           the command line or client settings cannot make a request
+     ├── TargetUnreachable    no connection to the target could be opened
+     ├── TlsFailure           a connection opened, but the target's certificate was not trusted
+     ├── ConnectionDropped    an open connection broke mid-exchange; a stream can resume
+     ├── AuthRejected         the target refused the token (401) or its role (403)
+     ├── RequestRejected      the target refused the request itself (4xx problem)
+     ├── ProtocolError        the target answered with something the contract does not allow
+     └── TurnLost             the target no longer has the turn (crash, restart)
+
+Every one of these makes the CLI exit 125: paddock itself failed, not the command.
+"""
+
+from __future__ import annotations
+
+import ssl
+from typing import ClassVar
+
+import httpx
+
+from shared.errors import PaddockError
+
+
+class AgentError(PaddockError):
+    """Something the agent side detected and reported on purpose."""
+
+    label: ClassVar[str] = "error"
+    """Names the failure for a person, in the CLI's ``paddock: LABEL: message`` line."""
+
+
+class UsageError(AgentError):
+    """The command line or the client's settings cannot be turned into a valid request."""
+
+    label = "usage"
+
+
+class TargetUnreachable(AgentError):
+    """No connection to the target could be opened (refused, no route, name unknown)."""
+
+    label = "target unreachable"
+
+
+class TlsFailure(AgentError):
+    """The TLS handshake failed, most often because the target's certificate is not trusted."""
+
+    label = "TLS failure"
+
+
+class ConnectionDropped(AgentError):
+    """A connection broke after it was opened; an event stream can resume from its cursor."""
+
+    label = "connection dropped"
+
+
+class AuthRejected(AgentError):
+    """The target rejected the bearer token (401) or the token does not hold the role (403)."""
+
+    label = "auth rejected"
+
+
+class RequestRejected(AgentError):
+    """The target rejected the request itself; the message carries its detail and fields."""
+
+    label = "request rejected"
+
+
+class ProtocolError(AgentError):
+    """The target's answer breaks the wire contract (status, content type, or body)."""
+
+    label = "protocol error"
+
+
+class TurnLost(AgentError):
+    """The target no longer knows the turn, or marked it lost after a crash."""
+
+    label = "turn lost"
+
+
+_TLS_HINT = "check --cacert / PADDOCK_CACERT names the CA that signed the target's certificate"
+
+
+def map_transport_error(exc: httpx.HTTPError, url: str) -> AgentError:
+    """The ``AgentError`` for an httpx failure talking to ``url``; callers raise it ``from exc``.
+
+    Every ``httpx.HTTPError`` maps to something: a test walks httpx's whole
+    exception tree so a new httpx exception cannot slip through unmapped.
+    """
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+        tls = _ssl_cause(exc)
+        if tls is not None:
+            return TlsFailure(f"TLS handshake with {url} failed ({_ssl_reason(tls)}); {_TLS_HINT}")
+        return TargetUnreachable(
+            f"cannot connect to {url} ({exc or type(exc).__name__}); "
+            "check the target is running and the address (--target / PADDOCK_TARGET) is right"
+        )
+    if isinstance(exc, httpx.TimeoutException | httpx.NetworkError | httpx.RemoteProtocolError):
+        # Read/write errors, timeouts and a peer that hangs up mid-body all mean the
+        # same to a caller: the exchange broke after it began, so it may be resumed.
+        return ConnectionDropped(
+            f"the connection to {url} broke mid-exchange ({exc or type(exc).__name__}); "
+            "if the target serves HTTPS, give an https:// URL"
+        )
+    if isinstance(exc, httpx.UnsupportedProtocol | httpx.InvalidURL):
+        return UsageError(f"cannot use target URL {url}: {exc}; give an https:// URL")
+    if isinstance(exc, httpx.ProxyError):
+        return TargetUnreachable(f"a proxy refused the connection to {url}: {exc}")
+    return ProtocolError(f"talking to {url} failed: {type(exc).__name__}: {exc}")
+
+
+def _ssl_cause(exc: BaseException) -> ssl.SSLError | None:
+    """The ``ssl.SSLError`` somewhere in ``exc``'s cause chain (httpx wraps it twice)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, ssl.SSLError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _ssl_reason(exc: ssl.SSLError) -> str:
+    if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
+        return f"certificate not trusted: {exc.verify_message}"
+    return exc.reason or str(exc)

@@ -1,0 +1,103 @@
+"""The embedded target behind ``paddock run --local``: real TLS, real token, on loopback.
+
+Everything it makes lives in one private temporary directory (mode 0700),
+removed when the context ends: the TLS key, the CA to trust, the state root.
+The token exists only in memory; the target holds just its sha256.
+
+This is the only agent-side module that imports ``target_side``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import secrets
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from target_side.config import RoleConfig, ServerConfig, Settings
+from target_side.server import ServerThread
+from target_side.tls import make_tls_material
+
+LOCAL_ROLE = "default"
+
+
+@dataclass(frozen=True)
+class LocalTarget:
+    """Where the embedded target listens and how to reach it."""
+
+    url: str
+    token: str = field(repr=False)
+    cacert: str
+    workspace: str
+
+
+@contextlib.contextmanager
+def local_target(workspace: str | None = None) -> Iterator[LocalTarget]:
+    """Run an embedded target whose one role, ``default``, may work in ``workspace``.
+
+    ``workspace`` defaults to the current directory, resolved physically.
+    """
+    workspace = os.path.realpath(workspace or os.getcwd())
+    root = Path(tempfile.mkdtemp(prefix="paddock-local-", dir=_private_parent(workspace)))
+    try:
+        os.chmod(root, 0o700)
+        token = secrets.token_urlsafe(32)
+        settings = _settings(root, workspace, hashlib.sha256(token.encode()).hexdigest())
+        with ServerThread(settings) as server:
+            yield LocalTarget(
+                url=server.url, token=token, cacert=str(root / "ca.pem"), workspace=workspace
+            )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _settings(root: Path, workspace: str, token_sha256: str) -> Settings:
+    material = make_tls_material(["127.0.0.1"])
+    _write_private(root / "ca.pem", material.ca_cert_pem)
+    _write_private(root / "cert.pem", material.cert_chain_pem)
+    _write_private(root / "key.pem", material.key_pem)
+    return Settings(
+        server=ServerConfig(
+            listen="127.0.0.1:0",
+            tls_cert=str(root / "cert.pem"),
+            tls_key=str(root / "key.pem"),
+            state_root=str(root / "state"),
+        ),
+        roles={LOCAL_ROLE: RoleConfig(token_sha256=token_sha256, workspaces=(workspace,))},
+    )
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    # O_EXCL: never write through a file (or symlink) someone placed there first.
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+
+
+def _private_parent(workspace: str) -> str:
+    """A directory for the private root that the workspace does not contain.
+
+    The fence refuses to mount a workspace that holds the target's own key store
+    (a ``parent`` conflict), so running from ``/tmp`` needs the root elsewhere.
+    """
+    # mkdtemp makes a fresh 0700 directory inside, so a shared parent is safe to use.
+    shared = ["/var/tmp", "/dev/shm"]  # noqa: S108
+    candidates = [tempfile.gettempdir(), *shared, str(Path.home() / ".cache")]
+    for candidate in candidates:
+        real = os.path.realpath(candidate)
+        if (
+            os.path.isdir(real)
+            and os.access(real, os.W_OK | os.X_OK)
+            and not _inside(real, workspace)
+        ):
+            return real
+    return tempfile.gettempdir()
+
+
+def _inside(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip("/") + "/")

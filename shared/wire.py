@@ -1,0 +1,295 @@
+"""Wire models of the v1 API (DESIGN.md, "Wire contract").
+
+Every model forbids unknown fields: a misspelt field is an error that names it,
+never a silently ignored request. Paths a request carries must be absolute;
+whether they are *allowed* is the target's decision, not the model's.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
+
+MAX_ARGV = 4096
+MAX_SCRIPT_BYTES = 512 * 1024
+
+RefusalRule = Literal[
+    "forbidden-path",
+    "outside-workspace",
+    "untrusted-executable",
+    "not-executable",
+    "not-found",
+    "digest-mismatch",
+    "reserved-env",
+    "invalid-env",
+    "network-not-allowed",
+    "limit-exceeds-role",
+    "backend-unavailable",
+    "path-changed",
+    "bad-mount",
+]
+TurnState = Literal["running", "exited", "refused", "lost"]
+SignalName = Literal["INT", "TERM", "KILL", "HUP"]
+
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+_TURN_ID = re.compile(r"t-[0-9a-f]{32}")
+
+
+def is_turn_id(text: str) -> bool:
+    """Whether ``text`` has the shape of a turn id (``t-`` and 32 hex digits)."""
+    return _TURN_ID.fullmatch(text) is not None
+
+
+class Wire(BaseModel):
+    """Base of every wire model: unknown fields are rejected by name."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+def _absolute(value: str) -> str:
+    if "\0" in value:
+        raise ValueError("a path must not contain NUL")
+    if not value.startswith("/"):
+        raise ValueError(f"{value!r} is relative; give an absolute path (starting with '/')")
+    return value
+
+
+AbsolutePath = Annotated[str, Field(min_length=1, max_length=4096)]
+
+
+class FsAccess(Wire):
+    """Extra host paths a turn asks to see: ``read`` read-only, ``write`` writable."""
+
+    read: list[AbsolutePath] = Field(default_factory=list, max_length=256)
+    write: list[AbsolutePath] = Field(default_factory=list, max_length=256)
+
+    @field_validator("read", "write")
+    @classmethod
+    def _all_absolute(cls, paths: list[str]) -> list[str]:
+        return [_absolute(p) for p in paths]
+
+
+class Limits(Wire):
+    """Resource limits; each may be lower than the role's maximum, never higher."""
+
+    wall_s: float | None = Field(default=None, gt=0)
+    memory_mb: int | None = Field(default=None, gt=0)
+    pids: int | None = Field(default=None, gt=0)
+    cpu: float | None = Field(default=None, gt=0)
+    output_mb: int | None = Field(default=None, gt=0)
+
+
+class TurnRequest(Wire):
+    """One command (``argv``) or one script (``script`` + ``script_sha256``) to run."""
+
+    role: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    argv: list[str] | None = Field(default=None, max_length=MAX_ARGV)
+    script: str | None = Field(default=None, max_length=MAX_SCRIPT_BYTES)
+    script_sha256: str | None = None
+    cwd: str | None = Field(default=None, description="absolute; default: the role's first workspace")
+    env: dict[str, str] = Field(default_factory=dict, max_length=256)
+    fs: FsAccess = Field(default_factory=FsAccess)
+    secrets: list[str] = Field(default_factory=list, max_length=64, description="host:container")
+    network: Literal["none", "host"] = "none"
+    limits: Limits = Field(default_factory=Limits)
+    stdin: Literal["closed", "open"] = "closed"
+    keep_scratch: bool = False
+
+    @field_validator("cwd")
+    @classmethod
+    def _cwd_absolute(cls, cwd: str | None) -> str | None:
+        return None if cwd is None else _absolute(cwd)
+
+    @field_validator("argv")
+    @classmethod
+    def _argv_usable(cls, argv: list[str] | None) -> list[str] | None:
+        if argv is None:
+            return None
+        if not argv or not argv[0]:
+            raise ValueError("argv is empty; give the program to run as its first element")
+        if any("\0" in arg for arg in argv):
+            raise ValueError("an argv element contains NUL, which no program can receive")
+        return argv
+
+    @field_validator("secrets")
+    @classmethod
+    def _secret_pairs(cls, secrets: list[str]) -> list[str]:
+        for pair in secrets:
+            for part in pair.split(":", 1):
+                _absolute(part)
+        return secrets
+
+    @field_validator("script_sha256")
+    @classmethod
+    def _digest_shape(cls, digest: str | None) -> str | None:
+        if digest is not None and not _SHA256_HEX.fullmatch(digest):
+            raise ValueError("script_sha256 must be 64 lowercase hex digits")
+        return digest
+
+    @model_validator(mode="after")
+    def _one_program(self) -> TurnRequest:
+        if (self.argv is None) == (self.script is None):
+            raise ValueError("give exactly one of 'argv' or 'script'")
+        if self.script is not None and self.script_sha256 is None:
+            raise ValueError("a script turn needs 'script_sha256', the sha256 of its body")
+        if self.script is None and self.script_sha256 is not None:
+            raise ValueError("'script_sha256' belongs to a script turn; this one has 'argv'")
+        return self
+
+
+class Refusal(Wire):
+    """Why the fence refused a turn, precise enough to act on."""
+
+    rule: RefusalRule
+    subject: str = Field(description="the request field at fault, e.g. 'fs.read[0]'")
+    path: str | None = Field(default=None, description="the path as given")
+    resolved: str | None = Field(default=None, description="the path as the walk resolved it")
+    detail: str = Field(description="one sentence saying what to change")
+
+    @property
+    def exit_code(self) -> int:
+        """127 for a program not found on the fence's PATH, 126 for every other refusal."""
+        return 127 if self.rule == "not-found" else 126
+
+
+class Executable(Wire):
+    """The file a turn executed, pinned by device and inode."""
+
+    path: str
+    dev: int
+    ino: int
+
+
+class Usage(Wire):
+    """What a finished turn consumed."""
+
+    wall_s: float
+    cpu_s: float | None = None
+    max_rss_kb: int | None = None
+
+
+class Turn(Wire):
+    """A turn as the target knows it."""
+
+    turn_id: str
+    role: str
+    state: TurnState
+    exit_code: int | None = None
+    signal: int | None = None
+    refusal: Refusal | None = None
+    created_at: datetime
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    executable: Executable | None = None
+    usage: Usage | None = None
+    output_truncated: bool = False
+
+    @property
+    def finished(self) -> bool:
+        """Whether the turn has reached a state it will never leave."""
+        return self.state != "running"
+
+
+class _EventBase(Wire):
+    seq: int = Field(ge=1)
+    at: datetime
+
+
+class StartedEvent(_EventBase):
+    """The fence is up and the program was started."""
+
+    kind: Literal["started"] = "started"
+    executable: Executable | None = None
+
+
+class OutputEvent(_EventBase):
+    """A piece of the turn's stdout or stderr, as text or, if not UTF-8, base64."""
+
+    kind: Literal["stdout", "stderr"]
+    data: str | None = None
+    data_b64: str | None = None
+
+    @model_validator(mode="after")
+    def _one_payload(self) -> OutputEvent:
+        if (self.data is None) == (self.data_b64 is None):
+            raise ValueError("an output event carries exactly one of 'data' or 'data_b64'")
+        return self
+
+
+class ExitEvent(_EventBase):
+    """The turn ended; no event follows."""
+
+    kind: Literal["exit"] = "exit"
+    exit_code: int
+    signal: int | None = None
+
+
+class RefusedEvent(_EventBase):
+    """The fence refused the turn (nothing ran, or bubblewrap could not set up); no event follows."""
+
+    kind: Literal["refused"] = "refused"
+    refusal: Refusal
+    exit_code: int
+
+
+class NoticeEvent(_EventBase):
+    """Something the target wants the user to know (a limit hit, output truncated)."""
+
+    kind: Literal["notice"] = "notice"
+    message: str
+
+
+Event = Annotated[
+    StartedEvent | OutputEvent | ExitEvent | RefusedEvent | NoticeEvent,
+    Field(discriminator="kind"),
+]
+TERMINAL_KINDS = frozenset({"exit", "refused"})
+
+
+EVENTS: TypeAdapter[Event] = TypeAdapter(Event)
+"""Validates one event (``EVENTS.validate_json(text)``) into its ``kind``'s model."""
+
+
+class SignalRequest(Wire):
+    """A signal for every process of a turn."""
+
+    signal: SignalName
+
+
+class HealthCause(Wire):
+    """One active reason the target is degraded, with when it began."""
+
+    cause: Literal["backend", "limits", "disk", "config", "turns-failing"]
+    since: datetime
+    detail: str
+
+
+class Health(Wire):
+    """``armed`` when no cause is active, else ``degraded`` with every cause listed."""
+
+    status: Literal["armed", "degraded"]
+    causes: list[HealthCause] = Field(default_factory=list)
+    version: str
+    backend: str
+
+
+class ProblemField(Wire):
+    """One field of a rejected request and what was wrong with it."""
+
+    field: str
+    message: str
+
+
+class Problem(BaseModel):
+    """An RFC 9457 problem body, for transport failures (never a turn outcome)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = "about:blank"
+    title: str
+    status: int
+    detail: str | None = None
+    errors: list[ProblemField] = Field(default_factory=list)

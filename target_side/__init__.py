@@ -1,0 +1,1 @@
+"""The target half of paddock: the server that fences and runs turns."""

@@ -1,0 +1,191 @@
+"""The HTTP API (DESIGN.md, "Wire contract, v1"), built per ``Settings`` by ``create_app``.
+
+Transport failures (bad JSON, unknown turn, auth) are RFC 9457 problem
+bodies; a refused turn is a turn, not an HTTP error. No handler waits on a
+turn's process, and no traceback ever reaches a client.
+"""
+
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from shared.wire import TERMINAL_KINDS, Event, Health, Problem, ProblemField, SignalRequest, Turn, TurnRequest, is_turn_id
+from target_side.auth import AuthError, RoleNotHeld, TokenRoles, require_role
+from target_side.config import Settings
+from target_side.errors import BackendError
+from target_side.health import HealthBoard
+from target_side.launch import probe
+from target_side.body_limit import BodyLimit
+from target_side.turns import TurnManager, TurnNotRunning, TurnRecord, UnknownTurn
+
+log = logging.getLogger("paddock.target")
+PROBLEM_JSON = "application/problem+json"
+MAX_BODY = 1 << 20
+UNENFORCED_LIMITS = "memory_mb, pids and cpu are not enforced yet (wall_s and output_mb are)"
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """A FastAPI app serving the target described by ``settings``; no module state."""
+    manager = TurnManager(settings)
+    board = HealthBoard(settings.fence.backend)
+    tokens = TokenRoles(settings)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await _check_backend(manager, board)
+        board.degrade("limits", UNENFORCED_LIMITS)
+        yield
+        await manager.shutdown()
+
+    app = FastAPI(title="paddock target", version="1", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY)
+    _install_problem_handlers(app)
+
+    def caller_roles(authorization: Annotated[str | None, Header()] = None) -> frozenset[str]:
+        return tokens.roles_for(authorization)
+
+    Roles = Annotated[frozenset[str], Depends(caller_roles)]
+
+    def visible_turn(turn_id: str, roles: Roles) -> TurnRecord:
+        if not is_turn_id(turn_id):
+            raise UnknownTurn(f"{turn_id!r} is not a turn id (t- and 32 hex digits)")
+        return manager.get(turn_id, roles)
+
+    Visible = Annotated[TurnRecord, Depends(visible_turn)]
+
+    @app.get("/v1/health")
+    async def health() -> Health:
+        return board.snapshot()
+
+    @app.post("/v1/turns", status_code=201)
+    async def submit(
+        request: TurnRequest, roles: Roles,
+        idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+    ) -> Turn:
+        require_role(roles, request.role)
+        return await manager.submit(request, idempotency_key)
+
+    @app.get("/v1/turns/{turn_id}")
+    async def get_turn(record: Visible) -> Turn:
+        return record.turn
+
+    @app.get("/v1/turns/{turn_id}/events")
+    async def events(
+        record: Visible,
+        after: Annotated[int, Query(ge=0)] = 0,
+        wait: Annotated[float | None, Query(gt=0)] = None,
+        last_event_id: Annotated[int | None, Header(ge=0)] = None,
+    ) -> StreamingResponse:
+        start = max(after, last_event_id or 0)
+        stream = _sse(record, start, wait, settings.server.heartbeat_s)
+        return StreamingResponse(
+            stream, media_type="text/event-stream",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+
+    @app.post("/v1/turns/{turn_id}/signal", status_code=202)
+    async def send_signal(body: SignalRequest, record: Visible) -> Turn:
+        manager.signal(record, body.signal)
+        return record.turn
+
+    return app
+
+
+async def _check_backend(manager: TurnManager, board: HealthBoard) -> None:
+    if manager.settings.fence.backend != "bubblewrap":
+        board.degrade("backend", "backend is 'none': turns run WITHOUT isolation")
+        return
+    try:
+        failure = await probe(manager.bwrap())
+    except BackendError as exc:
+        failure = str(exc)
+    if failure is not None:
+        board.degrade("backend", f"bubblewrap does not work here: {failure}")
+
+
+async def _sse(
+    record: TurnRecord, after: int, wait: float | None, heartbeat: float
+) -> AsyncIterator[bytes]:
+    """Events after ``after`` from the spool, then live; ends at the terminal event.
+
+    ``wait`` bounds silence; heartbeat comments keep idle proxies from cutting the stream.
+    """
+    loop = asyncio.get_running_loop()
+    seq, quiet_since = after, loop.time()
+    while True:
+        batch = await record.spool.read_after(seq)
+        for event in batch:
+            yield _frame(event)
+            seq = event.seq
+            if event.kind in TERMINAL_KINDS:
+                return
+        if batch:
+            quiet_since = loop.time()
+            continue
+        budget = heartbeat if wait is None else min(heartbeat, wait - (loop.time() - quiet_since))
+        if budget <= 0:
+            return
+        if not await record.spool.wait_beyond(seq, budget):
+            yield b": ping\n\n"
+
+
+def _frame(event: Event) -> bytes:
+    data = event.model_dump_json(exclude_none=True)
+    return f"id: {event.seq}\nevent: {event.kind}\ndata: {data}\n\n".encode()
+
+
+def _problem(status: int, title: str, detail: str | None = None, errors: list[ProblemField] | None = None) -> JSONResponse:
+    body = Problem(title=title, status=status, detail=detail, errors=errors or [])
+    return JSONResponse(body.model_dump(exclude_none=True), status_code=status, media_type=PROBLEM_JSON)
+
+
+def _install_problem_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [_field_problem(e) for e in exc.errors()]
+        if any(e.get("type") == "json_invalid" for e in exc.errors()):
+            return _problem(400, "Malformed JSON", "the request body is not valid JSON", errors)
+        detail = "; ".join(f"{e.field}: {e.message}" for e in errors)
+        return _problem(422, "Invalid request", detail, errors)
+
+    @app.exception_handler(AuthError)
+    async def unauthenticated(_request: Request, exc: AuthError) -> JSONResponse:
+        response = _problem(401, "Unauthenticated", str(exc))
+        response.headers["WWW-Authenticate"] = "Bearer"
+        return response
+
+    @app.exception_handler(RoleNotHeld)
+    async def forbidden(_request: Request, exc: RoleNotHeld) -> JSONResponse:
+        return _problem(403, "Role not held", str(exc))
+
+    @app.exception_handler(UnknownTurn)
+    async def unknown(_request: Request, exc: UnknownTurn) -> JSONResponse:
+        return _problem(404, "Unknown turn", str(exc))
+
+    @app.exception_handler(TurnNotRunning)
+    async def ended(_request: Request, exc: TurnNotRunning) -> JSONResponse:
+        return _problem(409, "Turn has ended", str(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _problem(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def internal(request: Request, exc: Exception) -> JSONResponse:
+        # The details go to the server log, never to the client.
+        log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        return _problem(500, "Internal error", "the target failed; its log has the details")
+
+
+def _field_problem(error: dict[str, object]) -> ProblemField:
+    loc = [str(part) for part in error.get("loc", ()) if part != "body"]  # type: ignore[union-attr]
+    message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+    return ProblemField(field=".".join(loc) or "body", message=message)

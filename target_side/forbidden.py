@@ -1,0 +1,118 @@
+"""The forbidden list: host paths no fence may expose, whatever a role or request says.
+
+Every entry is kept canonical, so a symlinked alias of a forbidden path meets
+the same entry. The role's own state dir and the turn's own scratch are the only
+exemptions, recognised by canonical identity: each exempts what lies inside
+it, never its parent or a sibling.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+from dataclasses import dataclass
+from pathlib import Path
+
+from shared.walk import Conflict, canonical_path, is_within, mount_conflict
+from target_side.config import Settings
+
+CREDENTIAL_DIRS = (
+    ".ssh", ".aws", ".gnupg", ".config/gcloud", ".kube", ".docker", ".netrc",
+    ".git-credentials", ".config/gh", ".npmrc", ".pypirc",
+)
+"""Relative to the service user's home: where credentials for other systems live."""
+
+SYSTEM_SECRETS = ("/etc/shadow", "/etc/gshadow", "/etc/ssh")
+"""Password hashes and the SSH host keys (the whole of /etc/ssh: it holds nothing a turn needs)."""
+
+RUNTIME_SOCKETS = (
+    "/var/run/docker.sock", "/run/docker.sock", "/run/containerd", "/run/user",
+    "/run/dbus", "/run/systemd/private",
+)
+"""Control sockets: a read-only bind does not stop a socket, so they are never bound at all."""
+
+
+@dataclass(frozen=True)
+class ForbiddenEntry:
+    """One forbidden path, canonical, with the reason a person would recognise."""
+
+    path: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Collision:
+    """A mount path that meets a forbidden entry, and how."""
+
+    entry: ForbiddenEntry
+    conflict: Conflict
+
+
+class ForbiddenList:
+    """The forbidden entries for one role, and that role's own exempt state dir."""
+
+    def __init__(self, entries: list[ForbiddenEntry], own: tuple[str, ...]) -> None:
+        self.entries = tuple(entries)
+        self.own = own
+
+    def collision(self, canonical: str) -> Collision | None:
+        """The first forbidden entry that canonical path ``canonical`` would expose, if any."""
+        if any(is_within(canonical, mine) for mine in self.own):
+            return None
+        for entry in self.entries:
+            conflict = mount_conflict(canonical, entry.path)
+            if conflict is not None:
+                return Collision(entry, conflict)
+        return None
+
+
+def role_state_dir(settings: Settings, role: str) -> Path:
+    """Where role ``role`` keeps its state and its home."""
+    return settings.state_root / "roles" / role
+
+
+def scratch_dir(settings: Settings, turn_id: str) -> Path:
+    """Where turn ``turn_id``'s scratch lives (outside every role's state dir)."""
+    return settings.state_root / "scratch" / turn_id
+
+
+def forbidden_for(
+    settings: Settings, role: str, turn_id: str, environ: dict[str, str] | None = None
+) -> ForbiddenList:
+    """The complete forbidden list for turn ``turn_id`` of ``role``."""
+    env = os.environ if environ is None else environ
+    entries = [
+        ForbiddenEntry(str(settings.state_root), "the target's state (keys, ledger, other roles)"),
+        *_config_entries(settings),
+        *_home_entries(env),
+        *(ForbiddenEntry(p, "a system secret") for p in SYSTEM_SECRETS),
+        *(ForbiddenEntry(p, "a runtime control socket") for p in RUNTIME_SOCKETS),
+        *(ForbiddenEntry(p, "the operator's forbidden list") for p in settings.fence.forbidden),
+    ]
+    agent_socket = env.get("SSH_AUTH_SOCK")
+    if agent_socket and agent_socket.startswith("/"):
+        entries.append(ForbiddenEntry(agent_socket, "the server's SSH agent socket"))
+    canonical = [ForbiddenEntry(canonical_path(e.path), e.why) for e in entries]
+    own = (role_state_dir(settings, role), scratch_dir(settings, turn_id))
+    return ForbiddenList(canonical, tuple(canonical_path(p) for p in own))
+
+
+def _config_entries(settings: Settings) -> list[ForbiddenEntry]:
+    found = []
+    if settings.config_path:
+        found.append(ForbiddenEntry(settings.config_path, "the target's configuration"))
+    if settings.server.tls_key:
+        found.append(ForbiddenEntry(settings.server.tls_key, "the target's TLS key"))
+    return found
+
+
+def _home_entries(env: os._Environ[str] | dict[str, str]) -> list[ForbiddenEntry]:
+    """Credential dirs under both the server's $HOME and its passwd home (they may differ)."""
+    homes = {pwd.getpwuid(os.getuid()).pw_dir}
+    if env.get("HOME", "").startswith("/"):
+        homes.add(env["HOME"])
+    return [
+        ForbiddenEntry(f"{home.rstrip('/')}/{name}", "a credential store of the service user")
+        for home in sorted(homes)
+        for name in CREDENTIAL_DIRS
+    ]

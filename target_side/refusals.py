@@ -1,0 +1,119 @@
+"""One constructor per refusal rule: the only place each rule's wording lives.
+
+Each returns a ``RefusedError`` for the caller to raise, so a rule reads the
+same wherever it is detected, and a grep for the rule name finds one place.
+"""
+
+from __future__ import annotations
+
+from shared.wire import Refusal
+from target_side.errors import RefusedError
+from target_side.forbidden import Collision
+
+_CONFLICT_WORDS = {
+    "exact": "is the forbidden path",
+    "descendant": "lies inside the forbidden path",
+    "parent": "would expose the forbidden path",
+}
+
+
+def forbidden_path(subject: str, given: str, resolved: str, hit: Collision) -> RefusedError:
+    alias = "" if given == resolved else f" (it resolves to {resolved})"
+    return _refused(
+        "forbidden-path", subject, given, resolved,
+        f"{given}{alias} {_CONFLICT_WORDS[hit.conflict.value]} {hit.entry.path} "
+        f"({hit.entry.why}); ask for a path that neither contains nor lies inside it",
+    )
+
+
+def socket_path(subject: str, given: str, resolved: str) -> RefusedError:
+    return _refused(
+        "forbidden-path", subject, given, resolved,
+        f"{resolved} is a unix socket, and no socket is ever bound into a fence "
+        "(read-only does not stop a socket); remove it from the request",
+    )
+
+
+def outside_workspace(subject: str, given: str, resolved: str, workspaces: tuple[str, ...]) -> RefusedError:
+    return _refused(
+        "outside-workspace", subject, given, resolved,
+        f"{resolved} is not inside a workspace of this role ({', '.join(workspaces)}); "
+        "use a path inside one of them",
+    )
+
+
+def bad_mount(subject: str, given: str, resolved: str, why: str) -> RefusedError:
+    return _refused("bad-mount", subject, given, resolved, f"{resolved} {why}")
+
+
+def not_found(name: str, search_path: str) -> RefusedError:
+    return _refused(
+        "not-found", "argv[0]", name, None,
+        f"{name!r} was not found on the fence's PATH ({search_path}); "
+        "give a program installed on the target, or its absolute path",
+    )
+
+
+def not_executable(given: str, resolved: str, why: str) -> RefusedError:
+    return _refused("not-executable", "argv[0]", given, resolved, f"{resolved} {why}")
+
+
+def untrusted_executable(given: str, resolved: str, why: str) -> RefusedError:
+    return _refused(
+        "untrusted-executable", "argv[0]", given, resolved,
+        f"{why}; install the program somewhere only root or the service user can write",
+    )
+
+
+def digest_mismatch(expected: str, actual: str) -> RefusedError:
+    return _refused(
+        "digest-mismatch", "script_sha256", None, None,
+        f"the script's sha256 is {actual}, not {expected}; send the digest of the exact body",
+    )
+
+
+def reserved_env(name: str) -> RefusedError:
+    return _refused(
+        "reserved-env", f"env.{name}", None, None,
+        f"{name} is reserved: names starting PADDOCK_ are set by the target; remove it",
+    )
+
+
+def invalid_env(name: str, why: str) -> RefusedError:
+    return _refused("invalid-env", f"env.{name}", None, None, f"environment variable {name!r} {why}")
+
+
+def network_not_allowed(role: str) -> RefusedError:
+    return _refused(
+        "network-not-allowed", "network", None, None,
+        f"role {role!r} does not allow network access; ask for network \"none\", "
+        "or have the operator set allow_network for the role",
+    )
+
+
+def limit_exceeds_role(name: str, asked: float, maximum: float) -> RefusedError:
+    return _refused(
+        "limit-exceeds-role", f"limits.{name}", None, None,
+        f"limits.{name} = {asked:g} is above the role's maximum of {maximum:g}; ask for at most that",
+    )
+
+
+def backend_unavailable(detail: str) -> RefusedError:
+    return _refused("backend-unavailable", "fence", None, None, detail)
+
+
+def path_changed(subject: str, given: str, resolved: str) -> RefusedError:
+    return _refused(
+        "path-changed", subject, given, resolved,
+        f"{resolved} changed between the check and the mount (a component became a symlink "
+        "or was replaced); retry, and find out what is rewriting it",
+    )
+
+
+def _refused(
+    rule: str, subject: str, path: str | None, resolved: str | None, detail: str
+) -> RefusedError:
+    refusal = Refusal.model_validate(
+        {"rule": rule, "subject": subject, "path": path, "resolved": resolved, "detail": detail}
+    )
+    return RefusedError(refusal)

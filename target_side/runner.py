@@ -1,0 +1,261 @@
+"""A launched turn: its process I/O as events, its signals, its limits, its end.
+
+Everything here is asynchronous: the server's event loop never waits on a child.
+The fence runs in its own pid namespace, so "the whole turn" is a namespace:
+a signal goes to every process in it, and when its first process (bubblewrap's
+reaper) dies the kernel kills whatever the turn left running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import codecs
+import contextlib
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from shared.exit_status import ExitStatus, signal_of
+from shared.wire import Refusal
+from target_side import refusals
+
+READ_CHUNK = 64 * 1024
+STDERR_TAIL = 4096
+SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "KILL": signal.SIGKILL, "HUP": signal.SIGHUP}
+
+Emit = Callable[..., object]
+"""``emit(kind, **fields)``: append one event to the turn's spool."""
+
+
+@dataclass
+class Outcome:
+    """How a turn ended."""
+
+    exit_code: int
+    signal: int | None = None
+    refusal: Refusal | None = None
+    wall_s: float = 0.0
+    output_truncated: bool = False
+
+
+@dataclass
+class _Status:
+    """What bubblewrap reported on its status descriptor."""
+
+    child_pid: int | None = None
+    pid_namespace: int | None = None
+    exit_code: int | None = None
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class OutputDecoder:
+    """Turns a byte stream into text events, holding back a split UTF-8 character.
+
+    Bytes that are not valid UTF-8 go out as base64 rather than being mangled.
+    """
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")()
+
+    def feed(self, chunk: bytes, final: bool = False) -> dict[str, str] | None:
+        pending = self._decoder.getstate()[0]
+        try:
+            text = self._decoder.decode(chunk, final=final)
+        except UnicodeDecodeError:
+            self._decoder.reset()
+            return {"data_b64": base64.b64encode(pending + chunk).decode()}
+        return {"data": text} if text else None
+
+
+class RunningTurn:
+    """One launched bubblewrap process and the fence inside it."""
+
+    def __init__(
+        self, proc: asyncio.subprocess.Process, status_fd: int, emit: Emit,
+        wall_s: float, output_bytes: int,
+    ) -> None:
+        self._proc = proc
+        self._emit = emit
+        self._wall_s = wall_s
+        self._output_left = output_bytes
+        self._status = _Status()
+        self._stderr_tail = b""
+        self._timed_out = False
+        self._truncated = False
+        self._started_at = time.monotonic()
+        self._status_task = asyncio.create_task(self._read_status(status_fd))
+
+    @classmethod
+    async def start(
+        cls, argv: list[str], env: dict[str, str], pass_fds: tuple[int, ...], status_fd: int,
+        stdin_open: bool, emit: Emit, wall_s: float, output_bytes: int,
+    ) -> RunningTurn:
+        """Spawn ``argv`` (bwrap and its arguments) with pipes for every stream."""
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE if stdin_open else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            pass_fds=pass_fds,
+            start_new_session=True,  # a Ctrl-C at the server's terminal is not the turn's
+            close_fds=True,
+        )
+        return cls(proc, status_fd, emit, wall_s, output_bytes)
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    async def wait(self) -> Outcome:
+        """Stream output until the turn ends (or its wall time runs out), then say how it ended."""
+        pumps = asyncio.gather(
+            self._pump(self._proc.stdout, "stdout"), self._pump(self._proc.stderr, "stderr")
+        )
+        try:
+            await asyncio.wait_for(asyncio.shield(self._proc.wait()), self._wall_s)
+        except TimeoutError:
+            self._timed_out = True
+            self._emit("notice", message=f"wall-time limit of {self._wall_s:g}s reached; killing the turn")
+            self.kill()
+        await self._proc.wait()
+        await pumps
+        await self._status_task
+        return self._outcome(self._proc.returncode or 0)
+
+    def _outcome(self, returncode: int) -> Outcome:
+        wall = round(time.monotonic() - self._started_at, 6)
+        if self._timed_out:
+            return Outcome(ExitStatus.TIMED_OUT, None, None, wall, self._truncated)
+        if self._status.exit_code is None:
+            # bwrap itself failed (exit 1, no exit record): never the command's own 1.
+            return Outcome(ExitStatus.REFUSED, None, self._setup_refusal(), wall, self._truncated)
+        code = self._status.exit_code
+        return Outcome(code, signal_of(code), None, wall, self._truncated)
+
+    def _setup_refusal(self) -> Refusal:
+        tail = self._stderr_tail.decode(errors="replace").strip().splitlines()
+        last = tail[-1] if tail else "no message"
+        if "execvp" in last:
+            return refusals.not_executable("argv[0]", "", f"could not be executed in the fence ({last})").refusal
+        return refusals.backend_unavailable(f"bubblewrap could not set up the fence: {last}").refusal
+
+    async def _pump(self, stream: asyncio.StreamReader | None, kind: str) -> None:
+        if stream is None:
+            return
+        decoder = OutputDecoder()
+        while chunk := await stream.read(READ_CHUNK):
+            if kind == "stderr":
+                self._stderr_tail = (self._stderr_tail + chunk)[-STDERR_TAIL:]
+            self._deliver(kind, decoder.feed(self._within_output_limit(chunk)))
+        self._deliver(kind, decoder.feed(b"", final=True))
+
+    def _deliver(self, kind: str, payload: dict[str, str] | None) -> None:
+        if payload:
+            self._emit(kind, **payload)
+
+    def _within_output_limit(self, chunk: bytes) -> bytes:
+        if self._output_left >= len(chunk):
+            self._output_left -= len(chunk)
+            return chunk
+        kept = chunk[: max(self._output_left, 0)]
+        self._output_left = -1
+        if not self._truncated:
+            self._truncated = True
+            self._emit("notice", message="output limit reached; output truncated and the turn killed")
+            self.kill()
+        return kept
+
+    async def _read_status(self, fd: int) -> None:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        pipe = os.fdopen(fd, "rb", buffering=0)
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), pipe
+        )
+        try:
+            while line := await reader.readline():
+                self._absorb_status(line)
+        finally:
+            transport.close()
+            self._status.started.set()
+
+    def _absorb_status(self, line: bytes) -> None:
+        with contextlib.suppress(ValueError):
+            record = json.loads(line)
+            if "child-pid" in record:
+                self._status.child_pid = int(record["child-pid"])
+                self._status.pid_namespace = int(record.get("pid-namespace", 0)) or None
+                self._status.started.set()
+            if "exit-code" in record:
+                self._status.exit_code = int(record["exit-code"])
+
+    async def running(self) -> bool:
+        """Wait until bwrap has reported its child (or died); True if the fence came up."""
+        await self._status.started.wait()
+        return self._status.child_pid is not None
+
+    def signal(self, name: str) -> int:
+        """Send ``name`` to every process of the turn; returns how many were signalled."""
+        if SIGNALS[name] == signal.SIGKILL:
+            self.kill()
+            return 1
+        return signal_namespace(self._status.pid_namespace, self._status.child_pid, SIGNALS[name])
+
+    def kill(self) -> None:
+        """SIGKILL the fence's reaper (the kernel then kills the namespace) and bwrap itself."""
+        if self._status.child_pid is not None:
+            _send(self._status.child_pid, signal.SIGKILL)
+        if self._proc.returncode is None:
+            _send(self._proc.pid, signal.SIGKILL)
+
+    async def write_stdin(self, data: bytes, eof: bool) -> None:
+        stdin = self._proc.stdin
+        if stdin is None or stdin.is_closing():
+            raise BrokenPipeError("the turn's stdin is closed")
+        if data:
+            stdin.write(data)
+            await stdin.drain()
+        if eof:
+            stdin.close()
+
+
+def signal_namespace(pid_ns: int | None, reaper: int | None, signum: int) -> int:
+    """Signal every process in pid namespace ``pid_ns`` except its reaper.
+
+    Each process is opened as a pidfd and its namespace checked through that
+    handle, so a pid recycled by another process is never signalled.
+    """
+    if pid_ns is None:
+        return 0
+    count = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == reaper:
+            continue
+        count += _signal_if_member(int(entry), pid_ns, signum)
+    return count
+
+
+def _signal_if_member(pid: int, pid_ns: int, signum: int) -> int:
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return 0
+    try:
+        if os.stat(f"/proc/{pid}/ns/pid").st_ino != pid_ns:
+            return 0
+        signal.pidfd_send_signal(pidfd, signum)
+        return 1
+    except OSError:
+        return 0
+    finally:
+        os.close(pidfd)
+
+
+def _send(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signum)
