@@ -31,7 +31,7 @@ from pydantic import ValidationError
 from agent_side.client import TargetClient
 from agent_side.errors import AgentError, ProtocolError, TurnLost, UsageError
 from shared import __version__
-from shared.exit_status import ExitStatus
+from shared.exit_status import ExitStatus, for_signal
 from shared.wire import (
     TERMINAL_KINDS,
     Event,
@@ -44,7 +44,9 @@ from shared.wire import (
 )
 
 DEFAULT_ROLE = "default"
-INTERRUPTED = ExitStatus.SIGNAL_BASE + signal.SIGINT
+INTERRUPTED = for_signal(signal.SIGINT)
+POST_GRACE_S = 5.0
+"""How long leaving ``paddock run`` waits for a signal still being posted to the turn."""
 
 
 @dataclass(frozen=True)
@@ -162,7 +164,10 @@ def read_token(path: str) -> str:
     if not token:
         raise UsageError(f"token file {path} is empty")
     if mode & 0o077:
-        say(f"warning: token file {path} is readable by others; chmod 600 it")
+        say(
+            f"warning: token file {path} is open to group or others (mode {mode & 0o777:o}); "
+            "chmod 600 it"
+        )
     return token
 
 
@@ -258,12 +263,11 @@ def run_turn(connection: Connection, request: TurnRequest, *, as_json: bool) -> 
             forwarder.attach(turn.turn_id)
             sink = _Sink(as_json=as_json, on_broken_pipe=lambda: forwarder.send("TERM"))
             terminal: Event | None = None
-            # A turn refused at submission is already final; its Turn says everything.
-            if not turn.finished:
-                for event in client.follow(turn.turn_id):
-                    sink.event(event)
-                    if event.kind in TERMINAL_KINDS:
-                        terminal = event
+            # Followed even when refused at submission: the stream carries its refused event.
+            for event in client.follow(turn.turn_id):
+                sink.event(event)
+                if event.kind in TERMINAL_KINDS:
+                    terminal = event
             final = client.turn(turn.turn_id)
         if final.refusal is not None and not sink.refusal_shown:
             say(refusal_sentence(final.refusal))
@@ -378,6 +382,7 @@ class SignalForwarder:
         self._turn_id: str | None = None
         self._pending: str | None = None
         self._presses = 0
+        self._posting: list[threading.Thread] = []
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[SignalForwarder]:
@@ -390,6 +395,9 @@ class SignalForwarder:
             yield self
         finally:
             signal.signal(signal.SIGINT, previous)
+            # A KILL still on its way must reach the target before the client closes.
+            for thread in self._posting:
+                thread.join(POST_GRACE_S)
 
     def attach(self, turn_id: str) -> None:
         """The turn now exists; deliver a Ctrl-C that came before it did."""
@@ -404,9 +412,11 @@ class SignalForwarder:
         if turn_id is None:
             self._pending = name
             return
-        threading.Thread(
+        thread = threading.Thread(
             target=self._deliver, args=(turn_id, name), daemon=True, name="paddock-signal"
-        ).start()
+        )
+        self._posting.append(thread)
+        thread.start()
 
     def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
         self._presses += 1

@@ -244,7 +244,7 @@ class TargetClient:
             try:
                 return attempt()
             except retry_on as exc:
-                self._pause(delays, exc, "retrying")
+                self._pause(delays, exc, "retrying the request")
 
     def _request(
         self,

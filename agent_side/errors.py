@@ -98,9 +98,10 @@ def map_transport_error(exc: httpx.HTTPError, url: str) -> AgentError:
     if isinstance(exc, httpx.TimeoutException | httpx.NetworkError | httpx.RemoteProtocolError):
         # Read/write errors, timeouts and a peer that hangs up mid-body all mean the
         # same to a caller: the exchange broke after it began, so it may be resumed.
+        plain = url.startswith("http:")
+        hint = "; if the target serves HTTPS, give an https:// URL" if plain else ""
         return ConnectionDropped(
-            f"the connection to {url} broke mid-exchange ({exc or type(exc).__name__}); "
-            "if the target serves HTTPS, give an https:// URL"
+            f"the connection to {url} broke mid-exchange ({exc or type(exc).__name__}){hint}"
         )
     if isinstance(exc, httpx.UnsupportedProtocol | httpx.InvalidURL):
         return UsageError(f"cannot use target URL {url}: {exc}; give an https:// URL")
@@ -122,6 +123,8 @@ def _ssl_cause(exc: BaseException) -> ssl.SSLError | None:
 
 
 def _ssl_reason(exc: ssl.SSLError) -> str:
-    if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
-        return f"certificate not trusted: {exc.verify_message}"
-    return exc.reason or str(exc)
+    # The attributes are filled in only when OpenSSL raised the error itself.
+    verify_message = getattr(exc, "verify_message", None)
+    if isinstance(exc, ssl.SSLCertVerificationError) and verify_message:
+        return f"certificate not trusted: {verify_message}"
+    return getattr(exc, "reason", None) or str(exc)

@@ -33,7 +33,7 @@ class RelativePathError(WalkError):
 
 
 class SymlinkLoopError(WalkError):
-    """More than ``MAX_SYMLINK_HOPS`` symlinks were met on one walk (a loop, or a chain too long)."""
+    """More than ``MAX_SYMLINK_HOPS`` symlinks on one walk: a loop, or a chain too long."""
 
 
 class Conflict(StrEnum):

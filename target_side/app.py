@@ -130,6 +130,8 @@ async def _sse(
         if batch:
             quiet_since = loop.time()
             continue
+        if record.spool.finished:
+            return  # resumed at or past the terminal event: nothing more will come
         budget = heartbeat if wait is None else min(heartbeat, wait - (loop.time() - quiet_since))
         if budget <= 0:
             return

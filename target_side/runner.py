@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from shared.exit_status import ExitStatus, signal_of
+from shared.exit_status import ExitStatus, for_signal, signal_of
 from shared.wire import Refusal
 from target_side import refusals
 
@@ -85,6 +85,8 @@ class RunningTurn:
         self._status = _Status()
         self._stderr_tail = b""
         self._timed_out = False
+        self._killed = False
+        self._reaper: int | None = None
         self._truncated = False
         self._started_at = time.monotonic()
         self._status_task = asyncio.create_task(self._read_status(status_fd))
@@ -125,12 +127,18 @@ class RunningTurn:
         await self._proc.wait()
         await pumps
         await self._status_task
+        if self._reaper is not None:
+            os.close(self._reaper)
+            self._reaper = None
         return self._outcome(self._proc.returncode or 0)
 
     def _outcome(self, returncode: int) -> Outcome:
         wall = round(time.monotonic() - self._started_at, 6)
         if self._timed_out:
             return Outcome(ExitStatus.TIMED_OUT, None, None, wall, self._truncated)
+        if self._status.exit_code is None and self._killed:
+            # Killed before bwrap could report: still a kill, not a setup failure.
+            return Outcome(for_signal(signal.SIGKILL), signal.SIGKILL, None, wall, self._truncated)
         if self._status.exit_code is None:
             # bwrap itself failed (exit 1, no exit record): never the command's own 1.
             return Outcome(ExitStatus.REFUSED, None, self._setup_refusal(), wall, self._truncated)
@@ -189,6 +197,9 @@ class RunningTurn:
             record = json.loads(line)
             if "child-pid" in record:
                 self._status.child_pid = int(record["child-pid"])
+                # Held as a pidfd so a later kill cannot hit a recycled pid.
+                with contextlib.suppress(OSError):
+                    self._reaper = os.pidfd_open(self._status.child_pid)
                 self._status.pid_namespace = int(record.get("pid-namespace", 0)) or None
                 self._status.started.set()
             if "exit-code" in record:
@@ -207,9 +218,22 @@ class RunningTurn:
         return signal_namespace(self._status.pid_namespace, self._status.child_pid, SIGNALS[name])
 
     def kill(self) -> None:
-        """SIGKILL the fence's reaper (the kernel then kills the namespace) and bwrap itself."""
-        if self._status.child_pid is not None:
-            _send(self._status.child_pid, signal.SIGKILL)
+        """SIGKILL the whole turn.
+
+        Killing the fence's reaper makes the kernel kill everything in its pid
+        namespace, and bwrap still reports the status; before the fence is up,
+        bwrap itself is killed (die-with-parent takes its child along).
+        """
+        self._killed = True
+        if self._reaper is not None:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self._reaper, signal.SIGKILL)
+        elif self._proc.returncode is None:
+            _send(self._proc.pid, signal.SIGKILL)
+
+    def kill_now(self) -> None:
+        """SIGKILL the fence and bwrap together (the server is going away)."""
+        self.kill()
         if self._proc.returncode is None:
             _send(self._proc.pid, signal.SIGKILL)
 

@@ -163,7 +163,7 @@ class TurnManager:
         tasks = []
         for record in self._turns.values():
             if record.running is not None:
-                record.running.kill()
+                record.running.kill_now()
             if record.task is not None:
                 tasks.append(record.task)
         with contextlib.suppress(Exception):

@@ -1,0 +1,151 @@
+"""Shared fixtures: a real target (uvicorn, TLS from trustme, bubblewrap) on 127.0.0.1."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import ssl
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import trustme
+
+from shared.walk import canonical_path
+from shared.wire import EVENTS, Event, Turn
+from target_side.config import RoleConfig, RoleLimits, ServerConfig, Settings
+from target_side.server import ServerThread
+
+BUILDER_TOKEN = "builder-token-for-tests"
+OTHER_TOKEN = "other-token-for-tests"
+
+
+def sha(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@dataclass
+class Target:
+    """A running target and what a test needs to talk to it."""
+
+    url: str
+    cacert: str
+    settings: Settings
+    workspace: Path
+
+    def client(self, token: str | None = BUILDER_TOKEN) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        verify = ssl.create_default_context(cafile=self.cacert)
+        return httpx.Client(base_url=self.url, verify=verify, headers=headers, timeout=30)
+
+
+@pytest.fixture(scope="session")
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+def make_settings(root: Path, ca: trustme.CA, **role_overrides: object) -> Settings:
+    """Settings for a TLS target whose state and one workspace live under ``root``."""
+    root.mkdir(parents=True, exist_ok=True)
+    workspace = root / "ws"
+    workspace.mkdir(exist_ok=True)
+    cert = ca.issue_cert("127.0.0.1")
+    cert_file, key_file = root / "cert.pem", root / "key.pem"
+    cert.cert_chain_pems[0].write_to_path(str(cert_file))
+    cert.private_key_pem.write_to_path(str(key_file))
+    limits = role_overrides.pop("limits", RoleLimits(wall_s=60))
+    builder = RoleConfig(
+        token_sha256=sha(BUILDER_TOKEN), workspaces=(canonical_path(workspace),), limits=limits,
+        **role_overrides,
+    )
+    other = RoleConfig(token_sha256=sha(OTHER_TOKEN), workspaces=(canonical_path(workspace),))
+    return Settings(
+        server=ServerConfig(
+            listen="127.0.0.1:0", tls_cert=str(cert_file), tls_key=str(key_file),
+            state_root=str(root / "state"), heartbeat_s=1.0,
+        ),
+        roles={"builder": builder, "other": other},
+    )
+
+
+@pytest.fixture(scope="session")
+def target(tmp_path_factory: pytest.TempPathFactory, ca: trustme.CA) -> Iterator[Target]:
+    """One TLS target for the whole session (tests that need other settings start their own)."""
+    root = Path(canonical_path(tmp_path_factory.mktemp("target")))
+    yield from running_target(root, ca)
+
+
+def running_target(root: Path, ca: trustme.CA, **role_overrides: object) -> Iterator[Target]:
+    settings = make_settings(root, ca, **role_overrides)
+    ca_file = root / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    with ServerThread(settings) as server:
+        yield Target(server.url, str(ca_file), settings, root / "ws")
+
+
+@pytest.fixture
+def client(target: Target) -> Iterator[httpx.Client]:
+    with target.client() as c:
+        yield c
+
+
+def submit(client: httpx.Client, **request: object) -> Turn:
+    request.setdefault("role", "builder")
+    response = client.post("/v1/turns", json=request)
+    assert response.status_code == 201, response.text
+    return Turn.model_validate(response.json())
+
+
+def events(client: httpx.Client, turn_id: str, after: int = 0, **params: object) -> list[Event]:
+    """Every event of the stream, parsed from the SSE frames."""
+    found = []
+    with client.stream("GET", f"/v1/turns/{turn_id}/events", params={"after": after, **params}) as r:
+        assert r.status_code == 200, r.read()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                found.append(EVENTS.validate_json(line[len("data: "):]))
+    return found
+
+
+def finished(client: httpx.Client, turn_id: str) -> Turn:
+    events(client, turn_id)
+    return Turn.model_validate(client.get(f"/v1/turns/{turn_id}").json())
+
+
+def output(evs: list[Event], kind: str = "stdout") -> str:
+    return "".join(getattr(e, "data", "") or "" for e in evs if e.kind == kind)
+
+
+def run(client: httpx.Client, argv: list[str], **request: object) -> tuple[Turn, list[Event]]:
+    turn = submit(client, argv=argv, **request)
+    evs = events(client, turn.turn_id)
+    return Turn.model_validate(client.get(f"/v1/turns/{turn.turn_id}").json()), evs
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def processes_with(*argv: str) -> list[int]:
+    """Host pids whose command line is exactly ``argv``."""
+    wanted = b"\0".join(a.encode() for a in argv) + b"\0"
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if cmdline == wanted:
+            found.append(int(entry))
+    return found
