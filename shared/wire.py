@@ -11,7 +11,7 @@ import re
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
 MAX_ARGV = 4096
 MAX_SCRIPT_BYTES = 512 * 1024
@@ -57,7 +57,7 @@ def _absolute(value: str) -> str:
     return value
 
 
-AbsolutePath = Annotated[str, Field(min_length=1, max_length=4096)]
+AbsolutePath = Annotated[str, Field(min_length=1, max_length=4096), AfterValidator(_absolute)]
 
 
 class FsAccess(Wire):
@@ -65,11 +65,6 @@ class FsAccess(Wire):
 
     read: list[AbsolutePath] = Field(default_factory=list, max_length=256)
     write: list[AbsolutePath] = Field(default_factory=list, max_length=256)
-
-    @field_validator("read", "write")
-    @classmethod
-    def _all_absolute(cls, paths: list[str]) -> list[str]:
-        return [_absolute(p) for p in paths]
 
 
 class Limits(Wire):
@@ -89,7 +84,7 @@ class TurnRequest(Wire):
     argv: list[str] | None = Field(default=None, max_length=MAX_ARGV)
     script: str | None = Field(default=None, max_length=MAX_SCRIPT_BYTES)
     script_sha256: str | None = None
-    cwd: str | None = Field(default=None, description="absolute; default: the role's first workspace")
+    cwd: AbsolutePath | None = Field(default=None, description="default: the role's first workspace")
     env: dict[str, str] = Field(default_factory=dict, max_length=256)
     fs: FsAccess = Field(default_factory=FsAccess)
     secrets: list[str] = Field(default_factory=list, max_length=64, description="host:container")
@@ -97,11 +92,6 @@ class TurnRequest(Wire):
     limits: Limits = Field(default_factory=Limits)
     stdin: Literal["closed", "open"] = "closed"
     keep_scratch: bool = False
-
-    @field_validator("cwd")
-    @classmethod
-    def _cwd_absolute(cls, cwd: str | None) -> str | None:
-        return None if cwd is None else _absolute(cwd)
 
     @field_validator("argv")
     @classmethod

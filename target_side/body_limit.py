@@ -7,10 +7,6 @@ import json
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
-class BodyTooLarge(Exception):
-    """The body went past the limit while being read."""
-
-
 class BodyLimit:
     """Answer 413 (problem+json) for a body over ``max_bytes``, declared or streamed."""
 
@@ -27,27 +23,33 @@ class BodyLimit:
             await self._reject(send)
             return
         seen = 0
-        started = False
+        started = rejected = False
 
         async def counting_receive() -> Message:
-            nonlocal seen
+            nonlocal seen, rejected
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise BodyTooLarge
+                if seen > self.max_bytes and not rejected:
+                    rejected = True
+                    if not started:
+                        await self._reject(send)
+                    # The app sees a client that went away, and answers no one.
+                    return {"type": "http.disconnect"}
             return message
 
         async def tracking_send(message: Message) -> None:
             nonlocal started
+            if rejected:
+                return
             started = started or message["type"] == "http.response.start"
             await send(message)
 
         try:
             await self.app(scope, counting_receive, tracking_send)
-        except BodyTooLarge:
-            if not started:
-                await self._reject(send)
+        except Exception:
+            if not rejected:
+                raise
 
     async def _reject(self, send: Send) -> None:
         body = json.dumps({
