@@ -8,9 +8,9 @@ turn's process, and no traceback ever reaches a client.
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -187,7 +187,7 @@ def _install_problem_handlers(app: FastAPI) -> None:
         return _problem(500, "Internal error", "the target failed; its log has the details")
 
 
-def _field_problem(error: dict[str, object]) -> ProblemField:
-    loc = [str(part) for part in error.get("loc", ()) if part != "body"]  # type: ignore[union-attr]
+def _field_problem(error: Mapping[str, Any]) -> ProblemField:
+    loc = [str(part) for part in error.get("loc", ()) if part != "body"]
     message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
     return ProblemField(field=".".join(loc) or "body", message=message)

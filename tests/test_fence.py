@@ -119,9 +119,13 @@ def test_fence_system_dirs_are_read_only(client: httpx.Client) -> None:
     assert not os.path.exists("/usr/paddock-probe")
 
 
-def test_fence_remount_read_only_bind_writable_fails(client: httpx.Client) -> None:
-    _, evs = run(client, ["sh", "-c", "mount -o remount,rw /usr 2>&1; echo rc=$?"])
+def test_fence_remount_read_only_bind_writable_fails(client: httpx.Client, tmp_path: Path) -> None:
+    shared_dir = Path(canonical_path(tmp_path)) / "ro"
+    shared_dir.mkdir()
+    script = f"mount -o remount,bind,rw {shared_dir} 2>&1; echo rc=$?; echo x > {shared_dir}/planted"
+    _, evs = run(client, ["sh", "-c", script], fs={"read": [str(shared_dir)]})
     assert "rc=0" not in output(evs)
+    assert not (shared_dir / "planted").exists()
 
 
 def test_fence_cwd_is_writable_and_tmp_is_private(client: httpx.Client, target: Target) -> None:
@@ -182,3 +186,13 @@ def test_fence_fs_read_is_visible_read_only(client: httpx.Client, target: Target
     assert text.startswith("readable\n")
     assert "rc=0" not in text
     assert not (shared_dir / "new").exists()
+
+
+def test_fs_read_of_a_unix_socket_is_refused(client: httpx.Client, target: Target, tmp_path: Path) -> None:
+    import socket
+
+    path = Path(canonical_path(tmp_path)) / "control.sock"
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(path))
+        rule = _refused_without_launch(client, target, fs={"read": [str(path)]})
+    assert rule == "forbidden-path"

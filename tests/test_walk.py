@@ -33,6 +33,13 @@ from shared.walk import (
     mount_conflict,
 )
 
+# On a failing example hypothesis's pytest plugin imports libcst, which warns
+# on import under this mypy_extensions; with warnings as errors that warning
+# would crash the session and lose the falsifying example.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:mypy_extensions.TypedDict is deprecated:DeprecationWarning"
+)
+
 REALPATH = "/usr/bin/realpath"
 ELOOP_MESSAGE = "Too many levels of symbolic links"
 # Generous: realpath answers in milliseconds, but the machine may be busy.

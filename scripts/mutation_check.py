@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+"""Show that each security test can fail: invert the rule it defends, expect red.
+
+Each mutation is applied to a private copy of the tree (never the working
+tree), the tests that defend the rule are run there, and the mutation passes
+only if they FAIL. Run: ``.venv/bin/python scripts/mutation_check.py [NAME ...]``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    file: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+    also: tuple[tuple[str, str], ...] = ()
+
+
+MUTATIONS = (
+    Mutation(
+        "forbidden-list-ignored", "target_side/forbidden.py",
+        "        if any(is_within(canonical, mine) for mine in self.own):\n            return None",
+        "        return None",
+        ("tests/test_fence.py -k forbidden_path or parent or symlink or state_root or sibling",),
+    ),
+    Mutation(
+        "parent-conflict-dropped", "shared/walk.py",
+        "    if is_within(forbidden, mount):\n        return Conflict.PARENT",
+        "    if False:\n        return Conflict.PARENT",
+        ("tests/test_fence.py::test_fs_read_of_parent_of_forbidden_path_is_refused",),
+    ),
+    Mutation(
+        "own-state-exemption-widened-to-parent", "target_side/forbidden.py",
+        "if any(is_within(canonical, mine) for mine in self.own):",
+        "if any(is_within(canonical, mine.rsplit('/', 2)[0]) for mine in self.own):",
+        ("tests/test_fence.py::test_fs_read_of_sibling_role_state_is_refused",),
+    ),
+    Mutation(
+        "symlinks-not-followed", "target_side/plan.py",
+        "        resolved = canonical_path(path)\n        self._check_forbidden(subject, path, resolved)",
+        "        resolved = posixpath.normpath(path)\n        self._check_forbidden(subject, path, resolved)",
+        ("tests/test_fence.py::test_fs_read_through_a_symlink_to_forbidden_path_is_refused",),
+    ),
+    Mutation(
+        "workspace-unchecked", "target_side/plan.py",
+        "        if not any(is_within(resolved, w) for w in self.workspaces):",
+        "        if False:",
+        ("tests/test_fence.py -k outside_workspace or escaping",),
+    ),
+    Mutation(
+        "capabilities-kept-as-root", "target_side/launch.py",
+        '        "--uid", str(plan.uid), "--gid", str(plan.gid),\n        "--cap-drop", "ALL",\n',
+        '        "--uid", "0", "--gid", "0",\n        "--cap-add", "ALL",\n',
+        ("tests/test_fence.py::test_fence_runs_as_non_root_without_capabilities",),
+    ),
+    Mutation(
+        # --disable-userns alone also locks the mounts (a nested user namespace), so the
+        # remount test only goes red once both layers are gone.
+        "capabilities-kept-as-root-remount", "target_side/launch.py",
+        '        "--uid", str(plan.uid), "--gid", str(plan.gid),\n        "--cap-drop", "ALL",\n',
+        '        "--uid", "0", "--gid", "0",\n        "--cap-add", "ALL",\n',
+        ("tests/test_fence.py::test_fence_remount_read_only_bind_writable_fails",),
+        also=(('"--unshare-user", "--disable-userns"]', '"--unshare-user"]'),),
+    ),
+    Mutation(
+        "root-inside", "target_side/plan.py",
+        "return (NOBODY, NOBODY) if uid == 0 else (uid, gid)",
+        "return (0, 0)",
+        ("tests/test_fence.py::test_fence_runs_as_non_root_without_capabilities",),
+    ),
+    Mutation(
+        "network-shared", "target_side/launch.py",
+        "    if plan.network:\n        flags.append(\"--share-net\")",
+        "    flags.append(\"--share-net\")",
+        ("tests/test_fence.py::test_fence_has_no_network_but_loopback",),
+    ),
+    Mutation(
+        "server-env-inherited", "target_side/plan.py",
+        "    env |= {name: server_env[name] for name in INHERITED_ENV if name in server_env}",
+        "    env |= server_env",
+        ("tests/test_fence.py::test_fence_env_is_the_allowlist",),
+    ),
+    Mutation(
+        "reserved-env-accepted", "target_side/plan.py",
+        '        if name.startswith("PADDOCK_"):',
+        "        if False:",
+        ("tests/test_fence.py::test_reserved_env_name_is_refused",),
+    ),
+    Mutation(
+        "git-hooks-writable", "target_side/plan.py",
+        "    planner.protect_git()\n", "",
+        ("tests/test_fence.py::test_fence_git_hooks_stay_read_only",),
+    ),
+    Mutation(
+        "auth-accepts-any-token", "target_side/auth.py",
+        "        if not held:\n",
+        "        if not held:\n            return frozenset(n for n, _ in self._hashes)\n",
+        ("tests/test_api.py -k 401",),
+    ),
+    Mutation(
+        "role-not-checked", "target_side/auth.py",
+        "    if role not in held:", "    if False:",
+        ("tests/test_api.py::test_turn_for_role_the_token_does_not_hold_is_403",),
+    ),
+    Mutation(
+        "body-limit-off", "target_side/app.py",
+        "    app.add_middleware(BodyLimit, max_bytes=MAX_BODY)\n", "",
+        ("tests/test_api.py::test_body_over_one_mib_is_413_and_server_keeps_serving",),
+    ),
+    Mutation(
+        "orphans-survive", "target_side/launch.py",
+        '    flags = ["--unshare-all", "--unshare-user", "--disable-userns"]',
+        '    flags = ["--unshare-user", "--unshare-net", "--unshare-ipc", "--disable-userns"]',
+        ("tests/test_turns.py::test_turn_leaves_no_background_process_behind",),
+    ),
+    Mutation(
+        "setup-failure-as-exit-1", "target_side/runner.py",
+        "        if self._status.exit_code is None:\n            # bwrap itself failed",
+        "        if False:\n            # bwrap itself failed",
+        ("tests/test_turns.py::test_turn_bwrap_setup_failure_is_126_not_1",),
+    ),
+    Mutation(
+        "socket-mounts-allowed", "target_side/plan.py",
+        "        if stat.S_ISSOCK(st.st_mode):", "        if False:",
+        ("tests/test_fence.py -k socket",),
+    ),
+)
+
+
+def run(mutation: Mutation) -> bool:
+    """True if the mutation turned its tests red (as it must)."""
+    with tempfile.TemporaryDirectory(prefix=f"paddock-mut-{mutation.name}-") as tmp:
+        copy = Path(tmp) / "tree"
+        shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(".venv", ".git", "__pycache__", ".*cache"))
+        target = copy / mutation.file
+        text = target.read_text()
+        for old, new in ((mutation.old, mutation.new), *mutation.also):
+            if old not in text:
+                print(f"{mutation.name}: STALE (the code it mutates has changed)")
+                return False
+            text = text.replace(old, new, 1)
+        target.write_text(text)
+        failed = all(_red(copy, spec) for spec in mutation.tests)
+    print(f"{mutation.name}: {'red as it must be' if failed else 'STILL GREEN - the test cannot fail'}")
+    return failed
+
+
+def _red(tree: Path, spec: str) -> bool:
+    path, _, expr = spec.partition(" -k ")
+    argv = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", path]
+    if expr:
+        argv += ["-k", expr]
+    result = subprocess.run(argv, cwd=tree, capture_output=True, text=True, timeout=600)
+    return result.returncode == 1
+
+
+def main() -> int:
+    chosen = [m for m in MUTATIONS if len(sys.argv) < 2 or m.name in sys.argv[1:]]
+    results = [run(m) for m in chosen]
+    print(f"{sum(results)}/{len(results)} mutations caught")
+    return 0 if all(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
