@@ -1,0 +1,131 @@
+"""The `paddock` CLI as a user runs it, against a real target over TLS."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import BUILDER_TOKEN, Target, processes_with, wait_until
+
+CLI = [sys.executable, "-m", "agent_side.cli"]
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _env(target: Target | None = None, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PADDOCK_")}
+    env["PYTHONPATH"] = str(REPO)
+    if target is not None:
+        env |= {"PADDOCK_TARGET": target.url, "PADDOCK_CACERT": target.cacert,
+                "PADDOCK_TOKEN": BUILDER_TOKEN, "PADDOCK_ROLE": "builder"}
+    return env | extra
+
+
+def paddock(*args: str, target: Target | None = None, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [*CLI, *args], env=_env(target, **env), capture_output=True, timeout=60, cwd=cwd,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def test_run_passes_output_and_exit_status_through(target: Target) -> None:
+    result = paddock("run", "--", "sh", "-c", "echo out; echo err >&2; exit 7", target=target)
+    assert result.returncode == 7
+    assert result.stdout == b"out\n"
+    assert result.stderr == b"err\n"
+
+
+def test_run_binary_output_arrives_byte_exact(target: Target) -> None:
+    result = paddock("run", "--", "printf", "\\000\\377\\376abc", target=target)
+    assert result.returncode == 0
+    assert result.stdout == b"\x00\xff\xfeabc"
+
+
+def test_run_refusal_is_126_with_one_sentence_on_stderr(target: Target) -> None:
+    result = paddock("run", "--read", "/etc/shadow", "--", "true", target=target)
+    assert result.returncode == 126
+    text = result.stderr.decode()
+    assert "forbidden-path" in text
+    assert "/etc/shadow" in text
+    assert result.stdout == b""
+
+
+def test_run_program_not_found_is_127(target: Target) -> None:
+    result = paddock("run", "--", "definitely-not-installed", target=target)
+    assert result.returncode == 127
+    assert b"not-found" in result.stderr
+
+
+def test_run_timeout_is_124(target: Target) -> None:
+    result = paddock("run", "--timeout", "1", "--", "sleep", "30", target=target)
+    assert result.returncode == 124
+
+
+def test_run_unreachable_target_is_125(target: Target) -> None:
+    result = paddock("run", "--", "true", target=target, PADDOCK_TARGET="https://127.0.0.1:9")
+    assert result.returncode == 125
+    assert b"unreachable" in result.stderr.lower()
+
+
+def test_run_wrong_token_is_125_naming_auth(target: Target) -> None:
+    result = paddock("run", "--", "true", target=target, PADDOCK_TOKEN="not-the-token")
+    assert result.returncode == 125
+    assert b"auth" in result.stderr.lower() or b"token" in result.stderr.lower()
+
+
+def test_run_untrusted_certificate_is_125_naming_tls(target: Target, tmp_path: Path) -> None:
+    import trustme
+
+    other_ca = tmp_path / "other-ca.pem"
+    trustme.CA().cert_pem.write_to_path(str(other_ca))
+    result = paddock("run", "--", "true", target=target, PADDOCK_CACERT=str(other_ca))
+    assert result.returncode == 125
+    assert b"tls" in result.stderr.lower()
+
+
+def test_run_ctrl_c_is_forwarded_to_the_turn(target: Target) -> None:
+    marker = "321.5"
+    with subprocess.Popen(
+        [*CLI, "run", "--", "sh", "-c", f"echo ready; sleep {marker}"], env=_env(target),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+    ) as proc:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"ready\n"
+        assert wait_until(lambda: bool(processes_with("sleep", marker)))
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 128 + signal.SIGINT
+    assert wait_until(lambda: not processes_with("sleep", marker))
+
+
+def test_run_output_is_streamed_as_it_arrives(target: Target) -> None:
+    with subprocess.Popen(
+        [*CLI, "run", "--", "sh", "-c", "echo first; sleep 3; echo second"], env=_env(target),
+        stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+    ) as proc:
+        assert proc.stdout is not None
+        started = time.monotonic()
+        assert proc.stdout.readline() == b"first\n"
+        first_at = time.monotonic() - started
+        assert proc.stdout.readline() == b"second\n"
+        # The first line came well before the turn's end, not all at once at the end.
+        assert time.monotonic() - started - first_at > 2.0
+        assert proc.wait(timeout=30) == 0
+
+
+@pytest.mark.parametrize("command", [["sh", "-c", "id -u; ls /; echo fenced"]])
+def test_run_local_starts_and_removes_an_embedded_target(tmp_path: Path, command: list[str]) -> None:
+    workspace = tmp_path / "project"
+    workspace.mkdir()
+    before = set(os.listdir("/tmp"))
+    result = paddock("run", "--local", "--", *command, cwd=workspace)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.decode().splitlines()
+    assert lines[0] != "0"
+    assert "fenced" in lines
+    assert "root" not in lines
+    assert set(os.listdir("/tmp")) - before == set()
