@@ -24,7 +24,8 @@ from target_side.errors import BackendError
 from target_side.health import HealthBoard
 from target_side.launch import probe
 from target_side.body_limit import BodyLimit
-from target_side.turns import TurnManager, TurnNotRunning, TurnRecord, UnknownTurn
+from target_side.scratch import FailureHook, no_failure
+from target_side.turns import StdinClosed, TurnManager, TurnNotRunning, TurnRecord, UnknownTurn
 
 log = logging.getLogger("paddock.target")
 PROBLEM_JSON = "application/problem+json"
@@ -32,17 +33,23 @@ MAX_BODY = 1 << 20
 UNENFORCED_LIMITS = "memory_mb, pids and cpu are not enforced yet (wall_s and output_mb are)"
 
 
-def create_app(settings: Settings) -> FastAPI:
-    """A FastAPI app serving the target described by ``settings``; no module state."""
-    manager = TurnManager(settings)
+def create_app(settings: Settings, inject: FailureHook = no_failure) -> FastAPI:
+    """A FastAPI app serving the target described by ``settings``; no module state.
+
+    ``inject`` is the failure-injection seam of the scratch build (tests only).
+    """
     board = HealthBoard(settings.fence.backend)
+    manager = TurnManager(settings, board, inject)
     tokens = TokenRoles(settings)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await manager.start()
         await _check_backend(manager, board)
         board.degrade("limits", UNENFORCED_LIMITS)
+        sweeper = asyncio.create_task(_sweep_forever(manager))
         yield
+        sweeper.cancel()
         await manager.shutdown()
 
     app = FastAPI(title="paddock target", version="1", lifespan=lifespan, docs_url=None, redoc_url=None)
@@ -96,7 +103,32 @@ def create_app(settings: Settings) -> FastAPI:
         manager.signal(record, body.signal)
         return record.turn
 
+    @app.post("/v1/turns/{turn_id}/stdin", status_code=202)
+    async def send_stdin(
+        request: Request, record: Visible, eof: Annotated[bool, Query()] = False
+    ) -> Turn:
+        data = await request.body()
+        await manager.write_stdin(record, data, eof)
+        return record.turn
+
+    @app.get("/v1/turns")
+    async def list_turns(
+        roles: Roles, limit: Annotated[int, Query(ge=1, le=1000)] = 50
+    ) -> list[Turn]:
+        return await manager.recent(roles, limit)
+
     return app
+
+
+async def _sweep_forever(manager: TurnManager) -> None:
+    """Apply the retention time every few minutes (a tenth of it, at most five minutes)."""
+    interval = min(manager.settings.server.retention_h * 360, 300.0)
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await manager.sweep()
+        except Exception:
+            log.exception("retention sweep failed; trying again later")
 
 
 async def _check_backend(manager: TurnManager, board: HealthBoard) -> None:
@@ -175,6 +207,10 @@ def _install_problem_handlers(app: FastAPI) -> None:
     @app.exception_handler(TurnNotRunning)
     async def ended(_request: Request, exc: TurnNotRunning) -> JSONResponse:
         return _problem(409, "Turn has ended", str(exc))
+
+    @app.exception_handler(StdinClosed)
+    async def no_stdin(_request: Request, exc: StdinClosed) -> JSONResponse:
+        return _problem(409, "Turn takes no input", str(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:

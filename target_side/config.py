@@ -39,6 +39,7 @@ class ServerConfig(_Section):
     tls_key: str | None = None
     state_root: str = "/var/lib/paddock"
     heartbeat_s: float = Field(default=15.0, gt=0)
+    retention_h: float = Field(default=24.0, gt=0)
 
     @field_validator("tls_cert", "tls_key", "state_root")
     @classmethod

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from target_side.errors import TargetError
 from target_side.forbidden import role_state_dir, scratch_dir
+from target_side.safe_files import fsync_dir
 from target_side.config import Settings
 
 MANIFEST = "manifest.json"
@@ -45,12 +46,12 @@ FailureHook = Callable[[str], None]
 """Called with each step's name before it runs; tests raise from it to inject a failure."""
 
 
-def _no_failure(step: str) -> None:
+def no_failure(step: str) -> None:
     return None
 
 
 def build_scratch(
-    settings: Settings, role: str, turn_id: str, inject: FailureHook = _no_failure
+    settings: Settings, role: str, turn_id: str, inject: FailureHook = no_failure
 ) -> Scratch:
     """Stage, fill, fsync and rename a turn's scratch; on any failure remove every trace."""
     final = scratch_dir(settings, turn_id)
@@ -66,7 +67,7 @@ def build_scratch(
         _write_manifest(staging / MANIFEST, {"turn_id": turn_id, "role": role})
         inject("rename")
         os.rename(staging, final)
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
     except Exception as exc:
         shutil.rmtree(staging, ignore_errors=True)
         raise ScratchError(f"could not build scratch for {turn_id}: {exc}") from exc
@@ -110,14 +111,6 @@ def _write_manifest(path: Path, content: dict[str, str]) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         os.write(fd, json.dumps(content).encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
         os.fsync(fd)
     finally:
         os.close(fd)

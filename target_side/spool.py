@@ -28,11 +28,12 @@ class EventSpool:
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._offsets, self._size, last_kind = _index(path)
         self._file = open(path, "ab", buffering=0)  # noqa: SIM115 - held for the turn's life
-        self._offsets: list[int] = []
-        self._size = 0
         self._changed = asyncio.Event()
-        self.finished = False
+        self.finished = last_kind in TERMINAL_KINDS
+        if self.finished:
+            self._file.close()
 
     @property
     def last_seq(self) -> int:
@@ -85,6 +86,31 @@ class EventSpool:
     def close(self) -> None:
         if not self._file.closed:
             self._file.close()
+
+
+def _index(path: Path) -> tuple[list[int], int, str | None]:
+    """Offsets of every complete line of an existing spool, its size, and its last event's kind.
+
+    Read in blocks, so memory stays flat whatever the spool's size. A line torn
+    by a crash mid-write is cut off: it was never delivered to anyone.
+    """
+    if not path.exists():
+        return [], 0, None
+    offsets: list[int] = []
+    line_start, position, last_line = 0, 0, b""
+    pending = b""
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            pending += block
+            while (cut := pending.find(b"\n")) >= 0:
+                offsets.append(line_start)
+                last_line, pending = pending[: cut + 1], pending[cut + 1 :]
+                line_start += cut + 1
+            position += len(block)
+    if pending:
+        os.truncate(path, line_start)
+    kind = EVENTS.validate_json(last_line).kind if last_line else None
+    return offsets, line_start, kind
 
 
 def _read_range(path: Path, start: int, end: int) -> bytes:

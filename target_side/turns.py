@@ -1,29 +1,43 @@
-"""The turns a target knows: submit (plan, build, launch), follow, signal, and finish.
+"""The turns a target knows: submit (plan, build, launch), follow, signal, finish, recover.
 
 A turn's life is its own task on the server's event loop; no request handler
-waits for it, so a client that goes away changes nothing for the turn.
+waits for it, so a client that goes away changes nothing for the turn. Every
+turn is on disk (``store``) and in the ledger, so a restarted target can say
+what became of each: finished, or lost with the process that ran it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
+import shutil
 import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
 
-from shared.wire import Executable, Turn, TurnRequest, Usage
+from shared.wire import Turn, TurnRequest, Usage
 from target_side import refusals
 from target_side.config import Settings
 from target_side.errors import BackendError, RefusedError, TargetError
+from target_side.health import HealthBoard
 from target_side.launch import LaunchFds, bwrap_argv, find_bwrap, script_fd
+from target_side.ledger import Ledger
 from target_side.plan import FencePlan, plan_turn
 from target_side.runner import Outcome, RunningTurn
-from target_side.scratch import Scratch, build_scratch, remove_scratch
+from target_side.scratch import STAGING_PREFIX, FailureHook, Scratch, build_scratch, no_failure, remove_scratch, remove_tree
 from target_side.spool import EventSpool, now
+from target_side.store import StoredTurn, TurnStore, expired
 
 log = logging.getLogger("paddock.target")
+
+FAILING_AFTER = 3
+"""Consecutive turns the target itself failed before health says ``turns-failing``."""
+MIN_FREE_BYTES = 256 << 20
+"""Below this much free space under the state root, health says ``disk``."""
 
 
 class UnknownTurn(TargetError):
@@ -34,48 +48,108 @@ class TurnNotRunning(TargetError):
     """The turn has already ended, so it takes no signal or input."""
 
 
+class StdinClosed(TargetError):
+    """The turn was not started with ``stdin: open``, or its stdin is already closed."""
+
+
 @dataclass
 class TurnRecord:
     """A turn, its event spool, and (while it runs) its process."""
 
-    turn: Turn
+    stored: StoredTurn
     spool: EventSpool
     running: RunningTurn | None = None
     task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def turn(self) -> Turn:
+        return self.stored.turn
+
+    def update(self, **changes: Any) -> None:
+        self.stored = self.stored.model_copy(update={"turn": self.turn.model_copy(update=changes)})
 
 
 class TurnManager:
     """Every turn of one target, keyed by id."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, board: HealthBoard, inject: FailureHook = no_failure) -> None:
         self.settings = settings
+        self.board = board
+        self.store = TurnStore(settings.state_root)
+        self._inject = inject
         self._turns: dict[str, TurnRecord] = {}
-        self._idempotency: dict[tuple[str, str], str] = {}
+        self._idempotency: dict[str, str] = {}
         self._bwrap: str | None = None
+        self._ledger: Ledger | None = None
+        self._failures = 0
+
+    @property
+    def ledger(self) -> Ledger:
+        if self._ledger is None:
+            raise TargetError("the turn manager has not been started")
+        return self._ledger
 
     def bwrap(self) -> str:
         if self._bwrap is None:
             self._bwrap = find_bwrap()
         return self._bwrap
 
+    async def start(self) -> None:
+        """Open the ledger, take back every turn on disk, and reap what a crash left."""
+        self.settings.state_root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._ledger = await asyncio.to_thread(Ledger, self.settings.state_root)
+        for stored in await asyncio.to_thread(lambda: list(self.store.load_all())):
+            await self._recover(stored)
+        await asyncio.to_thread(self._reap_scratch)
+
+    async def _recover(self, stored: StoredTurn) -> None:
+        record = TurnRecord(stored, EventSpool(self.store.spool_path(stored.turn.turn_id)))
+        self._turns[stored.turn.turn_id] = record
+        if stored.idempotency:
+            self._idempotency[stored.idempotency] = stored.turn.turn_id
+        if stored.turn.state != "running":
+            return
+        # The process that ran it is gone (bwrap dies with its parent): the turn is lost.
+        if not record.spool.finished:
+            record.spool.append("notice", message="the target restarted while this turn ran; it was lost")
+            record.spool.append("exit", exit_code=125, signal=None)
+        record.update(state="lost", exit_code=125, ended_at=now())
+        await self._persist(record)
+        await self.ledger.append("end", turn=_turn_json(record.turn))
+        log.warning("turn %s was running when the target stopped; marked lost", stored.turn.turn_id)
+
+    def _reap_scratch(self) -> None:
+        root = self.settings.state_root / "scratch"
+        if not root.is_dir():
+            return
+        kept = {t for t, r in self._turns.items() if r.stored.keep_scratch}
+        for entry in root.iterdir():
+            if entry.name.startswith(STAGING_PREFIX) or entry.name not in kept:
+                remove_tree(entry)
+
     async def submit(self, request: TurnRequest, idempotency_key: str | None = None) -> Turn:
         """Plan, build and launch a turn; a refusal is a finished turn, not an error."""
-        if idempotency_key is not None:
-            earlier = self._idempotency.get((request.role, idempotency_key))
-            if earlier is not None:
-                return self._turns[earlier].turn
-        turn_id = f"t-{uuid.uuid4().hex}"
-        spool = EventSpool(self.settings.state_root / "turns" / turn_id / "events.jsonl")
-        record = TurnRecord(Turn(turn_id=turn_id, role=request.role, state="running", created_at=now()), spool)
-        self._turns[turn_id] = record
-        if idempotency_key is not None:
-            self._idempotency[(request.role, idempotency_key)] = turn_id
+        key = _idempotency_digest(request.role, idempotency_key)
+        if key is not None and key in self._idempotency:
+            return self._turns[self._idempotency[key]].turn
+        record = self._new_record(request, key)
+        self._check_disk()
         try:
-            plan = plan_turn(request, self.settings, turn_id)
+            plan = plan_turn(request, self.settings, record.turn.turn_id)
             await self._launch(record, plan)
         except RefusedError as refused:
-            self._finish(record, Outcome(refused.refusal.exit_code, refusal=refused.refusal))
+            await self._finish(record, Outcome(refused.refusal.exit_code, refusal=refused.refusal), request)
         return record.turn
+
+    def _new_record(self, request: TurnRequest, key: str | None) -> TurnRecord:
+        turn_id = f"t-{uuid.uuid4().hex}"
+        turn = Turn(turn_id=turn_id, role=request.role, state="running", created_at=now())
+        stored = StoredTurn(turn=turn, idempotency=key, keep_scratch=request.keep_scratch)
+        record = TurnRecord(stored, EventSpool(self.store.spool_path(turn_id)))
+        self._turns[turn_id] = record
+        if key is not None:
+            self._idempotency[key] = turn_id
+        return record
 
     async def _launch(self, record: TurnRecord, plan: FencePlan) -> None:
         try:
@@ -83,7 +157,7 @@ class TurnManager:
         except BackendError as exc:
             raise refusals.backend_unavailable(str(exc)) from exc
         try:
-            scratch = await asyncio.to_thread(build_scratch, self.settings, plan.role, plan.turn_id)
+            scratch = await asyncio.to_thread(build_scratch, self.settings, plan.role, plan.turn_id, self._inject)
         except TargetError as exc:
             raise refusals.backend_unavailable(str(exc)) from exc
         try:
@@ -92,9 +166,9 @@ class TurnManager:
             remove_scratch(scratch)
             raise
         record.running = running
-        record.turn = record.turn.model_copy(
-            update={"started_at": now(), "executable": plan.executable}
-        )
+        record.update(started_at=now(), executable=plan.executable)
+        await self._persist(record)
+        await self.ledger.append("launch", turn=_turn_json(record.turn), **_launch_facts(plan))
         record.spool.append("started", executable=plan.executable)
         record.task = asyncio.create_task(self._follow(record, plan, scratch))
 
@@ -124,27 +198,54 @@ class TurnManager:
             outcome = await running.wait()
         except Exception:
             log.exception("turn %s: lost track of its process", plan.turn_id)
-            running.kill()
+            running.kill_now()
             outcome = Outcome(125)
         finally:
             if not plan.keep_scratch:
                 await asyncio.to_thread(remove_scratch, scratch)
-        self._finish(record, outcome, plan.executable)
+        await self._finish(record, outcome)
 
-    def _finish(self, record: TurnRecord, outcome: Outcome, executable: Executable | None = None) -> None:
+    async def _finish(self, record: TurnRecord, outcome: Outcome, request: TurnRequest | None = None) -> None:
         state = "refused" if outcome.refusal is not None else "exited"
-        record.turn = record.turn.model_copy(update={
-            "state": state, "exit_code": outcome.exit_code, "signal": outcome.signal,
-            "refusal": outcome.refusal, "ended_at": now(),
-            "usage": Usage(wall_s=outcome.wall_s), "output_truncated": outcome.output_truncated,
-        })
+        record.update(
+            state=state, exit_code=outcome.exit_code, signal=outcome.signal,
+            refusal=outcome.refusal, ended_at=now(), usage=Usage(wall_s=outcome.wall_s),
+            output_truncated=outcome.output_truncated,
+        )
         record.running = None
         if outcome.refusal is not None:
             record.spool.append("refused", refusal=outcome.refusal, exit_code=outcome.exit_code)
         else:
             record.spool.append("exit", exit_code=outcome.exit_code, signal=outcome.signal)
+        await self._persist(record)
+        facts = {"request": _request_facts(request)} if request is not None else {}
+        await self.ledger.append("end", turn=_turn_json(record.turn), **facts)
+        self._count_health(outcome)
         log.info("turn %s role=%s ended state=%s exit=%s", record.turn.turn_id, record.turn.role,
                  state, outcome.exit_code)
+
+    def _count_health(self, outcome: Outcome) -> None:
+        """Target-made failures count towards ``turns-failing``; only a turn that ran clears it."""
+        target_failed = outcome.exit_code == 125 or (
+            outcome.refusal is not None and outcome.refusal.rule == "backend-unavailable"
+        )
+        if target_failed:
+            self._failures += 1
+            if self._failures >= FAILING_AFTER:
+                self.board.degrade("turns-failing", f"the last {self._failures} turns failed in the target itself")
+        elif outcome.refusal is None:
+            self._failures = 0
+            self.board.recover("turns-failing")
+
+    def _check_disk(self) -> None:
+        free = shutil.disk_usage(self.settings.state_root).free
+        if free < MIN_FREE_BYTES:
+            self.board.degrade("disk", f"only {free >> 20} MiB free under {self.settings.state_root}")
+        else:
+            self.board.recover("disk")
+
+    async def _persist(self, record: TurnRecord) -> None:
+        await asyncio.to_thread(self.store.save, record.stored)
 
     def get(self, turn_id: str, roles: frozenset[str]) -> TurnRecord:
         """The turn ``turn_id`` if it belongs to one of ``roles``."""
@@ -153,10 +254,46 @@ class TurnManager:
             raise UnknownTurn(f"no turn {turn_id} among the turns of this token's roles")
         return record
 
+    async def recent(self, roles: frozenset[str], limit: int) -> list[Turn]:
+        """The newest ``limit`` turns of ``roles``, as the ledger last recorded each."""
+        def fold() -> list[Turn]:
+            latest: dict[str, Turn] = {}
+            for entry in self.ledger.records():
+                turn = Turn.model_validate(entry["turn"])
+                if turn.role in roles:
+                    latest[turn.turn_id] = turn
+            return sorted(latest.values(), key=lambda t: t.created_at, reverse=True)[:limit]
+
+        return await asyncio.to_thread(fold)
+
     def signal(self, record: TurnRecord, name: str) -> int:
         if record.running is None:
             raise TurnNotRunning(f"turn {record.turn.turn_id} has ended; it takes no signal")
         return record.running.signal(name)
+
+    async def write_stdin(self, record: TurnRecord, data: bytes, eof: bool) -> None:
+        if record.running is None:
+            raise TurnNotRunning(f"turn {record.turn.turn_id} has ended; it takes no input")
+        try:
+            await record.running.write_stdin(data, eof)
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise StdinClosed(
+                f"turn {record.turn.turn_id} takes no input: start it with stdin \"open\", "
+                "and send nothing after eof"
+            ) from exc
+
+    async def sweep(self, at: datetime | None = None) -> int:
+        """Remove finished turns older than the retention time; returns how many went."""
+        moment = at or datetime.now(UTC)
+        retention = self.settings.server.retention_h * 3600
+        gone = [r for r in self._turns.values() if r.running is None and expired(r.turn, moment, retention)]
+        for record in gone:
+            del self._turns[record.turn.turn_id]
+            if record.stored.idempotency:
+                self._idempotency.pop(record.stored.idempotency, None)
+            record.spool.close()
+            await asyncio.to_thread(self.store.remove, record.turn.turn_id)
+        return len(gone)
 
     async def shutdown(self) -> None:
         """Kill every running turn and wait for each to be recorded as ended."""
@@ -170,3 +307,34 @@ class TurnManager:
             await asyncio.gather(*tasks)
         for record in self._turns.values():
             record.spool.close()
+
+
+def _idempotency_digest(role: str, key: str | None) -> str | None:
+    # Scoped to the role: the same key from another role is another request.
+    return None if key is None else hashlib.sha256(f"{role}\0{key}".encode()).hexdigest()
+
+
+def _turn_json(turn: Turn) -> dict[str, Any]:
+    return turn.model_dump(mode="json", exclude_none=True)
+
+
+def _launch_facts(plan: FencePlan) -> dict[str, Any]:
+    """What the ledger keeps of a launch. Env names only: values may be secrets."""
+    limits = plan.limits
+    return {
+        "argv": list(plan.argv),
+        "executable": plan.executable.model_dump(),
+        "env_names": sorted(plan.env),
+        "cwd": plan.cwd,
+        "network": plan.network,
+        "limits": {
+            "wall_s": limits.wall_s, "memory_mb": limits.memory_mb, "pids": limits.pids,
+            "cpu": limits.cpu, "output_mb": limits.output_mb,
+        },
+    }
+
+
+def _request_facts(request: TurnRequest) -> dict[str, Any]:
+    """What the ledger keeps of a refused request: what it asked to run, and env names only."""
+    program: list[str] = request.argv or ["<script>", f"sha256:{request.script_sha256}"]
+    return {"argv": program, "cwd": request.cwd, "env_names": sorted(request.env)}

@@ -1,0 +1,107 @@
+"""Reading and writing the target's private files without trusting the path (seed 003, D4).
+
+Reads open with ``O_NOFOLLOW`` and judge the file by ``fstat`` of what was
+opened, not by a ``stat`` of the name. Writes go to a private temporary file in
+the same directory (``0600`` from birth, fsynced), whose identity is checked
+again just before ``os.replace`` puts it in place: a reader sees the old file
+or the new one, never a half-written one. Ancestors are checked so that no one
+but root and the service user could have swapped a directory on the way.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from target_side.errors import TargetError
+
+
+class UnsafeFileError(TargetError):
+    """A private file, or a directory above it, could be read or replaced by someone else."""
+
+
+def check_ancestors(path: Path) -> None:
+    """Refuse if any directory above ``path`` is group/world-writable without sticky, or foreign-owned."""
+    trusted = {0, os.getuid()}
+    for directory in path.parents:
+        st = os.stat(directory)
+        if st.st_uid not in trusted:
+            raise UnsafeFileError(
+                f"{directory} (above {path}) is owned by uid {st.st_uid}; "
+                f"it must belong to root or uid {os.getuid()} (chown it)"
+            )
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            raise UnsafeFileError(
+                f"{directory} (above {path}) is writable by group or others; "
+                f"run: chmod go-w {directory}"
+            )
+
+
+def read_private(path: Path, *, allow_group_read: bool = False) -> bytes:
+    """The bytes of ``path``, refused if it is a symlink, not regular, foreign-owned or too open."""
+    check_ancestors(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as exc:
+        if exc.errno == 40:  # ELOOP: the last component is a symlink
+            raise UnsafeFileError(f"{path} is a symlink; point the config at the real file") from exc
+        raise UnsafeFileError(f"cannot open {path}: {exc.strerror}") from exc
+    try:
+        _check_opened(path, os.fstat(fd), allow_group_read)
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _check_opened(path: Path, st: os.stat_result, allow_group_read: bool) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeFileError(f"{path} is not a regular file")
+    if st.st_uid not in {0, os.getuid()}:
+        raise UnsafeFileError(f"{path} is owned by uid {st.st_uid}; chown it to uid {os.getuid()}")
+    too_open = 0o037 if allow_group_read else 0o077
+    if st.st_mode & too_open:
+        limit = "0640" if allow_group_read else "0600"
+        raise UnsafeFileError(
+            f"{path} has mode {stat.S_IMODE(st.st_mode):04o}; run: chmod {limit} {path}"
+        )
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data``: private temp file, fchmod 0600, fsync, identity check, rename."""
+    check_ancestors(path)
+    directory = path.parent
+    temp = directory / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # the umask could only narrow 0600, but say it outright
+        _write_all(fd, data)
+        os.fsync(fd)
+        written = os.fstat(fd)
+        named = os.lstat(temp)
+        if (named.st_dev, named.st_ino) != (written.st_dev, written.st_ino):
+            raise UnsafeFileError(f"{temp} was replaced while being written; not installing it")
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    finally:
+        os.close(fd)
+    fsync_dir(directory)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
