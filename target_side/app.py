@@ -53,6 +53,7 @@ def create_app(settings: Settings, inject: FailureHook = no_failure) -> FastAPI:
         await manager.shutdown()
 
     app = FastAPI(title="paddock target", version="1", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.manager = manager
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY)
     _install_problem_handlers(app)
 

@@ -6,7 +6,9 @@ import argparse
 import logging
 import secrets
 import sys
+from pathlib import Path
 
+from target_side import config_file, ledger
 from target_side.auth import token_sha256
 from target_side.config import load_settings
 from target_side.errors import TargetError
@@ -34,15 +36,33 @@ def _parser() -> argparse.ArgumentParser:
     config = commands.add_parser("config", help="work with a config file")
     config_commands = config.add_subparsers(required=True, metavar="ACTION")
     check = config_commands.add_parser("check", help="report every problem in FILE")
-    check.add_argument("file")
+    check.add_argument("file", type=_absolute)
     check.set_defaults(handler=_check)
+    install = config_commands.add_parser("apply", help="install SOURCE at DEST if it checks clean")
+    install.add_argument("source", type=_absolute)
+    install.add_argument("dest", type=_absolute)
+    install.set_defaults(handler=_apply)
 
     token = commands.add_parser("token", help="work with role tokens")
     token_commands = token.add_subparsers(required=True, metavar="ACTION")
-    mint = token_commands.add_parser("mint", help="print a new token for ROLE, once, and its hash")
+    mint = token_commands.add_parser("mint", help="print a new token for ROLE, once")
     mint.add_argument("role")
+    mint.add_argument("--config", type=_absolute, help="store the token's hash in this config")
     mint.set_defaults(handler=_mint)
+
+    ledger = commands.add_parser("ledger", help="work with the ledger")
+    ledger_commands = ledger.add_subparsers(required=True, metavar="ACTION")
+    check_ledger = ledger_commands.add_parser("verify", help="check the ledger's hash chain")
+    check_ledger.add_argument("--config", type=_absolute, required=True)
+    check_ledger.set_defaults(handler=_verify_ledger)
     return parser
+
+
+def _absolute(text: str) -> Path:
+    path = Path(text)
+    if not path.is_absolute():
+        raise argparse.ArgumentTypeError(f"{text!r} is relative; give an absolute path")
+    return path
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -52,15 +72,38 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    settings = load_settings(args.file)
+    settings, problems = config_file.check(args.file)
+    for problem in problems:
+        print(f"{args.file}: {problem}", file=sys.stderr)
+    if settings is None or problems:
+        return 1
     print(f"{args.file}: ok ({len(settings.roles)} role(s), backend {settings.fence.backend})")
     return 0
 
 
+def _apply(args: argparse.Namespace) -> int:
+    config_file.apply(args.source, args.dest)
+    print(f"{args.dest}: installed from {args.source}")
+    return 0
+
+
 def _mint(args: argparse.Namespace) -> int:
+    if args.config is not None:
+        token = config_file.mint_token(args.config, args.role)
+        print(f"token for role {args.role} (shown once; its hash is now in {args.config}):")
+        print(token)
+        return 0
     token = secrets.token_urlsafe(32)
     print(f"token for role {args.role} (shown once; keep it secret): {token}")
     print(f'[roles.{args.role}]\ntoken_sha256 = "{token_sha256(token)}"')
+    return 0
+
+
+def _verify_ledger(args: argparse.Namespace) -> int:
+    settings = load_settings(args.config)
+    verified = ledger.verify(settings.state_root)
+    note = f" ({verified.note})" if verified.note else ""
+    print(f"ledger ok: {verified.count} records, head {verified.head_hash}{note}")
     return 0
 
 

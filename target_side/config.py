@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import ErrorDetails
 
 from target_side.errors import ConfigError
+from target_side.safe_files import UnsafeFileError, read_private
 
 DEFAULT_FENCE_PATH = "/usr/local/bin:/usr/bin:/bin"
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
@@ -183,14 +184,16 @@ def parse_settings(text: str, source: str = "<config>") -> Settings:
 
 
 def load_settings(path: str | Path) -> Settings:
-    """Read and parse the config file at ``path``."""
+    """Read (safely: no symlink, not world-readable, trusted ancestors) and parse ``path``."""
     source = str(path)
     if not source.startswith("/"):
         raise ConfigError(f"config path {source!r} is relative; give an absolute path")
     try:
-        text = Path(source).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read config {source}: {exc.strerror}") from exc
+        text = read_private(Path(source), allow_group_read=True).decode("utf-8")
+    except UnsafeFileError as exc:
+        raise ConfigError(str(exc)) from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{source} is not UTF-8 text") from exc
     return parse_settings(text, source)
 
 

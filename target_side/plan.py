@@ -52,6 +52,9 @@ class Mount:
     source: str
     dest: str
     subject: str
+    dev: int | None = None
+    ino: int | None = None
+    """The source's identity when planned (None if it did not exist yet): the launch binds only that."""
 
 
 @dataclass(frozen=True)
@@ -211,7 +214,7 @@ class _MountPlanner:
         self._check_forbidden(subject, path, resolved)
         target = dest or resolved
         self._check_forbidden(subject, target, posixpath.normpath(target))
-        self.mounts.append(Mount(kind, resolved, target, subject))
+        self.mounts.append(Mount(kind, resolved, target, subject, *_identity(resolved)))
         return resolved
 
     def existing(self, kind: Literal["ro", "rw"], path: str, subject: str, dest: str | None = None) -> str:
@@ -242,12 +245,22 @@ class _MountPlanner:
             for name in (".git/hooks", ".git/config"):
                 inner = posixpath.join(mount.source, name)
                 if os.path.lexists(inner) and canonical_path(inner) == inner:
-                    self.mounts.append(Mount("ro", inner, posixpath.join(mount.dest, name), "fence.git"))
+                    self.mounts.append(
+                        Mount("ro", inner, posixpath.join(mount.dest, name), "fence.git", *_identity(inner))
+                    )
 
     def _check_forbidden(self, subject: str, given: str, resolved: str) -> None:
         hit = self.forbidden.collision(resolved)
         if hit is not None:
             raise refusals.forbidden_path(subject, given, resolved, hit)
+
+
+def _identity(resolved: str) -> tuple[int | None, int | None]:
+    try:
+        st = os.lstat(resolved)
+    except OSError:
+        return None, None
+    return st.st_dev, st.st_ino
 
 
 def resolve_executable(

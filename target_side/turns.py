@@ -108,6 +108,8 @@ class TurnManager:
         if stored.idempotency:
             self._idempotency[stored.idempotency] = stored.turn.turn_id
         if stored.turn.state != "running":
+            if not record.spool.finished:
+                _append_terminal(record)  # stopped between the record and the event
             return
         # The process that ran it is gone (bwrap dies with its parent): the turn is lost.
         if not record.spool.finished:
@@ -213,14 +215,12 @@ class TurnManager:
             output_truncated=outcome.output_truncated,
         )
         record.running = None
-        if outcome.refusal is not None:
-            record.spool.append("refused", refusal=outcome.refusal, exit_code=outcome.exit_code)
-        else:
-            record.spool.append("exit", exit_code=outcome.exit_code, signal=outcome.signal)
+        self._count_health(outcome)
+        # Durable first: whoever sees the terminal event can rely on record and ledger.
         await self._persist(record)
         facts = {"request": _request_facts(request)} if request is not None else {}
         await self.ledger.append("end", turn=_turn_json(record.turn), **facts)
-        self._count_health(outcome)
+        _append_terminal(record)
         log.info("turn %s role=%s ended state=%s exit=%s", record.turn.turn_id, record.turn.role,
                  state, outcome.exit_code)
 
@@ -307,6 +307,14 @@ class TurnManager:
             await asyncio.gather(*tasks)
         for record in self._turns.values():
             record.spool.close()
+
+
+def _append_terminal(record: TurnRecord) -> None:
+    turn = record.turn
+    if turn.refusal is not None:
+        record.spool.append("refused", refusal=turn.refusal, exit_code=turn.exit_code)
+    else:
+        record.spool.append("exit", exit_code=turn.exit_code, signal=turn.signal)
 
 
 def _idempotency_digest(role: str, key: str | None) -> str | None:

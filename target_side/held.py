@@ -1,0 +1,158 @@
+"""Bind what was checked: every path the plan approved, opened without following a symlink.
+
+The plan decides on paths; a path can be swapped between that decision and the
+mount. So each mount source (and the executable) is opened here component by
+component from ``/`` with ``O_PATH|O_NOFOLLOW`` and its device and inode
+compared with what the plan saw. bubblewrap then receives the descriptor, not
+the path: a component swapped before the open is refused as ``path-changed``;
+one swapped after it is not what gets mounted, because the descriptor pins the
+inode (bubblewrap re-checks the mounted inode against the descriptor itself).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from dataclasses import dataclass, field
+
+from target_side import refusals
+from target_side.plan import FencePlan, Mount
+from target_side.scratch import FailureHook, Scratch, no_failure
+
+HOLD_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+
+class PathChanged(Exception):
+    """A component of a checked path is no longer what the check saw."""
+
+
+def open_no_follow(path: str) -> int:
+    """An ``O_PATH`` descriptor for canonical ``path``, refusing any symlink along the way.
+
+    Each component is opened relative to its parent's descriptor, so nothing
+    is looked up by name twice and no symlink is ever followed.
+    """
+    if not path.startswith("/"):
+        raise PathChanged(f"{path} is not absolute")
+    fd = os.open("/", HOLD_FLAGS | os.O_DIRECTORY)
+    names = [n for n in path.split("/") if n]
+    try:
+        for i, name in enumerate(names):
+            if name in (".", ".."):
+                raise PathChanged(f"{path} is not canonical")
+            parent, fd = fd, -1
+            try:
+                fd = os.open(name, HOLD_FLAGS, dir_fd=parent)
+            finally:
+                os.close(parent)
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISLNK(mode):
+                raise PathChanged(f"{'/' + '/'.join(names[: i + 1])} is now a symlink")
+            if i < len(names) - 1 and not stat.S_ISDIR(mode):
+                raise PathChanged(f"{'/' + '/'.join(names[: i + 1])} is no longer a directory")
+    except FileNotFoundError as exc:
+        _close(fd)
+        raise PathChanged(f"a component of {path} is gone ({exc.strerror})") from exc
+    except BaseException:
+        _close(fd)
+        raise
+    return fd
+
+
+def hold(path: str, identity: tuple[int, int] | None) -> int:
+    """``open_no_follow(path)``, checked to be the inode the plan saw (when it saw one)."""
+    fd = open_no_follow(path)
+    st = os.fstat(fd)
+    if identity is not None and (st.st_dev, st.st_ino) != identity:
+        os.close(fd)
+        raise PathChanged(f"{path} is a different file than the one checked")
+    return fd
+
+
+@dataclass
+class HeldFence:
+    """Descriptors for everything a fence mounts from the host, in the plan's order."""
+
+    mounts: list[int | None] = field(default_factory=list)
+    tmp: int = -1
+    cache: int = -1
+    exe: int = -1
+
+    def fds(self) -> tuple[int, ...]:
+        found = [*self.mounts, self.tmp, self.cache, self.exe]
+        return tuple(fd for fd in found if fd is not None and fd >= 0)
+
+    def close(self) -> None:
+        """Close every descriptor (bubblewrap has its own copies once it is spawned)."""
+        for fd in self.fds():
+            _close(fd)
+        self.mounts, self.tmp, self.cache, self.exe = [], -1, -1, -1
+
+
+def hold_fence(plan: FencePlan, scratch: Scratch, inject: FailureHook = no_failure) -> HeldFence:
+    """Open every mount source and the executable; on a change, refuse with ``path-changed``.
+
+    ``inject`` is called with ``check-to-open`` first: the seam between the plan's
+    check and these opens, where tests swap a path.
+    """
+    inject("check-to-open")
+    held = HeldFence()
+    try:
+        for mount in plan.mounts:
+            held.mounts.append(_hold_mount(mount))
+        # Scratch is the target's own, built after the plan: no identity to compare, but
+        # it is still opened without following a symlink.
+        held.tmp = _hold_or_refuse(str(scratch.tmp), None, "scratch")
+        held.cache = _hold_or_refuse(str(scratch.cache), None, "scratch")
+        held.exe = hold_executable(plan)
+    except BaseException:
+        held.close()
+        raise
+    return held
+
+
+def _hold_mount(mount: Mount) -> int | None:
+    if mount.kind == "symlink":
+        return None
+    identity = None if mount.dev is None or mount.ino is None else (mount.dev, mount.ino)
+    return _hold_or_refuse(mount.source, identity, mount.subject)
+
+
+def _hold_or_refuse(path: str, identity: tuple[int, int] | None, subject: str) -> int:
+    try:
+        return hold(path, identity)
+    except PathChanged as exc:
+        raise refusals.path_changed(subject, path, path) from exc
+
+
+def hold_executable(plan: FencePlan) -> int:
+    """The executable the plan validated, held open and re-checked through the descriptor.
+
+    Mode and owner are checked again on the held inode: the descriptor pins
+    the inode, not its permissions.
+    """
+    exe = plan.executable
+    try:
+        fd = hold(exe.path, (exe.dev, exe.ino))
+    except PathChanged as exc:
+        raise refusals.path_changed("argv[0]", plan.argv[0], exe.path) from exc
+    st = os.fstat(fd)
+    problem = _unrunnable(st)
+    if problem is not None:
+        os.close(fd)
+        raise refusals.path_changed("argv[0]", plan.argv[0], exe.path) from PathChanged(problem)
+    return fd
+
+
+def _unrunnable(st: os.stat_result) -> str | None:
+    if not stat.S_ISREG(st.st_mode) or not st.st_mode & 0o111:
+        return "is no longer an executable regular file"
+    if st.st_mode & 0o022 or st.st_uid not in {0, os.getuid()}:
+        return "has become writable by others or changed owner"
+    return None
+
+
+def _close(fd: int) -> None:
+    if fd >= 0:
+        with contextlib.suppress(OSError):
+            os.close(fd)

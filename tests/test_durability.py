@@ -1,0 +1,331 @@
+"""Turns that lose nothing: stdin, idempotency, the ledger, crash recovery, retention, seams."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+import trustme
+
+from conftest import (
+    BUILDER_TOKEN, OTHER_TOKEN, Target, events, finished, make_settings, output, processes_with,
+    run, running_target, sha, submit, wait_until,
+)
+from shared.walk import canonical_path
+from target_side import ledger
+from target_side.app import create_app
+from target_side.server import ServerThread
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_stdin_open_turn_reads_what_is_sent(client: httpx.Client) -> None:
+    turn = submit(client, argv=["sh", "-c", "read line; echo got:$line; cat"], stdin="open")
+    url = f"/v1/turns/{turn.turn_id}/stdin"
+    assert client.post(url, content=b"first\nrest of it").status_code == 202
+    assert client.post(url, params={"eof": 1}).status_code == 202
+    assert output(events(client, turn.turn_id)) == "got:first\nrest of it"
+
+
+def test_stdin_to_a_closed_stdin_turn_is_409(client: httpx.Client) -> None:
+    turn = submit(client, argv=["sleep", "5"])
+    response = client.post(f"/v1/turns/{turn.turn_id}/stdin", content=b"x")
+    assert response.status_code == 409
+    client.post(f"/v1/turns/{turn.turn_id}/signal", json={"signal": "KILL"})
+    finished(client, turn.turn_id)
+
+
+def test_idempotency_key_returns_the_same_turn_and_runs_once(client: httpx.Client, target: Target) -> None:
+    counter = target.workspace / "runs.txt"
+    counter.unlink(missing_ok=True)
+    body = {"role": "builder", "argv": ["sh", "-c", f"echo run >> {counter}"]}
+    headers = {"Idempotency-Key": "retry-me-1"}
+    first = client.post("/v1/turns", json=body, headers=headers).json()
+    second = client.post("/v1/turns", json=body, headers=headers).json()
+    assert first["turn_id"] == second["turn_id"]
+    finished(client, first["turn_id"])
+    assert counter.read_text() == "run\n"
+    third = client.post("/v1/turns", json=body, headers={"Idempotency-Key": "another"}).json()
+    assert third["turn_id"] != first["turn_id"]
+
+
+def test_idempotency_key_is_scoped_to_the_role(target: Target) -> None:
+    headers = {"Idempotency-Key": "shared-key"}
+    with target.client() as builder, target.client(OTHER_TOKEN) as other:
+        a = builder.post("/v1/turns", json={"role": "builder", "argv": ["true"]}, headers=headers).json()
+        b = other.post("/v1/turns", json={"role": "other", "argv": ["true"]}, headers=headers).json()
+    assert a["turn_id"] != b["turn_id"]
+
+
+def test_list_turns_shows_only_the_callers_roles(target: Target) -> None:
+    with target.client() as builder, target.client(OTHER_TOKEN) as other:
+        mine = run(builder, ["true"])[0]
+        theirs = run(other, ["true"], role="other")[0]
+        listed = builder.get("/v1/turns", params={"limit": 500}).json()
+    ids = [t["turn_id"] for t in listed]
+    assert mine.turn_id in ids
+    assert theirs.turn_id not in ids
+    assert {t["role"] for t in listed} == {"builder"}
+    created = [t["created_at"] for t in listed]
+    assert created == sorted(created, reverse=True)
+
+
+def test_ledger_records_launch_and_outcome_without_env_values(client: httpx.Client, target: Target) -> None:
+    turn, _ = run(client, ["true"], env={"API_KEY": "s3cret-value-never-logged"})
+    text = (target.settings.state_root / "ledger.jsonl").read_text()
+    assert "s3cret-value-never-logged" not in text
+    records = [json.loads(line) for line in text.splitlines() if turn.turn_id in line]
+    launch, end = records
+    assert launch["kind"] == "launch" and end["kind"] == "end"
+    assert "API_KEY" in launch["env_names"]
+    assert launch["executable"]["path"] == "/usr/bin/true"
+    assert launch["executable"]["ino"] == os.stat("/usr/bin/true").st_ino
+    assert end["turn"]["exit_code"] == 0
+    assert ledger.verify(target.settings.state_root).count >= 2
+
+
+def test_ledger_refusal_is_recorded(client: httpx.Client, target: Target) -> None:
+    turn, _ = run(client, ["cat"], fs={"read": ["/etc/shadow"]})
+    lines = (target.settings.state_root / "ledger.jsonl").read_text().splitlines()
+    end = json.loads(next(line for line in lines if turn.turn_id in line))
+    assert end["turn"]["refusal"]["rule"] == "forbidden-path"
+    assert end["request"]["argv"] == ["cat"]
+
+
+def _ledger_copy(target: Target, tmp_path: Path) -> Path:
+    root = tmp_path / "copy"
+    root.mkdir()
+    for name in (ledger.LEDGER, ledger.HEAD):
+        (root / name).write_bytes((target.settings.state_root / name).read_bytes())
+    return root
+
+
+def test_ledger_verify_detects_an_edited_record(client: httpx.Client, target: Target, tmp_path: Path) -> None:
+    run(client, ["true"])
+    root = _ledger_copy(target, tmp_path)
+    lines = (root / ledger.LEDGER).read_text().splitlines(keepends=True)
+    lines[0] = lines[0].replace('"builder"', '"intruder"', 1)
+    (root / ledger.LEDGER).write_text("".join(lines))
+    with pytest.raises(ledger.LedgerError, match="does not chain"):
+        ledger.verify(root)
+
+
+def test_ledger_verify_detects_truncation(client: httpx.Client, target: Target, tmp_path: Path) -> None:
+    run(client, ["true"])
+    root = _ledger_copy(target, tmp_path)
+    lines = (root / ledger.LEDGER).read_text().splitlines(keepends=True)
+    (root / ledger.LEDGER).write_text("".join(lines[:-2]))
+    with pytest.raises(ledger.LedgerError, match="removed"):
+        ledger.verify(root)
+
+
+def test_ledger_verify_cli(target: Target, tmp_path: Path) -> None:
+    config = tmp_path / "target.toml"
+    config.write_text(
+        f'[server]\nstate_root = "{target.settings.state_root}"\n'
+        f'[roles.builder]\ntoken_sha256 = "{sha(BUILDER_TOKEN)}"\nworkspaces = ["{target.workspace}"]\n'
+    )
+    config.chmod(0o600)
+    result = subprocess.run(
+        [sys.executable, "-m", "target_side.cli", "ledger", "verify", "--config", str(config)],
+        capture_output=True, text=True, cwd=REPO, timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("ledger ok:")
+
+
+@pytest.mark.parametrize("seam", ["prepare", "write-manifest", "rename"])
+def test_scratch_failure_at_each_seam_leaves_nothing(tmp_path: Path, ca: trustme.CA, seam: str) -> None:
+    def fail_at(step: str) -> None:
+        if step == seam:
+            raise OSError(f"injected failure at {step}")
+
+    settings = make_settings(Path(canonical_path(tmp_path)), ca)
+    app = create_app(settings, inject=fail_at)
+    transport = httpx.ASGITransport(app=app)
+
+    async def scenario() -> dict[str, object]:
+        async with app.router.lifespan_context(app), httpx.AsyncClient(
+            transport=transport, base_url="http://paddock", headers={"Authorization": f"Bearer {BUILDER_TOKEN}"}
+        ) as c:
+            response = await c.post("/v1/turns", json={"role": "builder", "argv": ["touch", str(tmp_path / "ran")]})
+            return response.json()
+
+    turn = asyncio.run(scenario())
+    assert turn["state"] == "refused"
+    assert turn["exit_code"] == 126
+    assert seam in turn["refusal"]["detail"]
+    scratch = settings.state_root / "scratch"
+    assert not scratch.exists() or list(scratch.iterdir()) == []
+    assert not (tmp_path / "ran").exists()
+
+
+def test_health_turns_failing_set_by_failures_and_cleared_only_by_a_good_turn(tmp_path: Path, ca: trustme.CA) -> None:
+    failing = {"on": True}
+
+    def fail(step: str) -> None:
+        if failing["on"] and step == "prepare":
+            raise OSError("disk on fire")
+
+    settings = make_settings(Path(canonical_path(tmp_path)), ca)
+    app = create_app(settings, inject=fail)
+
+    async def scenario() -> list[set[str]]:
+        seen = []
+        async with app.router.lifespan_context(app), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://paddock",
+            headers={"Authorization": f"Bearer {BUILDER_TOKEN}"},
+        ) as c:
+            async def causes() -> set[str]:
+                return {x["cause"] for x in (await c.get("/v1/health")).json()["causes"]}
+
+            for _ in range(3):
+                await c.post("/v1/turns", json={"role": "builder", "argv": ["true"]})
+            seen.append(await causes())
+            # A policy refusal is not a recovery.
+            await c.post("/v1/turns", json={"role": "builder", "argv": ["true"], "fs": {"read": ["/etc/shadow"]}})
+            seen.append(await causes())
+            failing["on"] = False
+            turn = (await c.post("/v1/turns", json={"role": "builder", "argv": ["true"]})).json()
+            async with c.stream("GET", f"/v1/turns/{turn['turn_id']}/events") as r:
+                async for _ in r.aiter_lines():
+                    pass
+            seen.append(await causes())
+        return seen
+
+    after_failures, after_refusal, after_success = asyncio.run(scenario())
+    assert "turns-failing" in after_failures
+    assert "turns-failing" in after_refusal
+    assert "turns-failing" not in after_success
+    assert "limits" in after_success  # another cause is untouched by this recovery
+
+
+def test_retention_sweep_removes_old_finished_turns(tmp_path: Path, ca: trustme.CA) -> None:
+    settings = make_settings(Path(canonical_path(tmp_path)), ca)
+    app = create_app(settings)
+
+    async def scenario() -> tuple[int, int, bool]:
+        async with app.router.lifespan_context(app), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://paddock",
+            headers={"Authorization": f"Bearer {BUILDER_TOKEN}"},
+        ) as c:
+            turn = (await c.post("/v1/turns", json={"role": "builder", "argv": ["true"]})).json()
+            async with c.stream("GET", f"/v1/turns/{turn['turn_id']}/events") as r:
+                async for _ in r.aiter_lines():
+                    pass
+            manager = app.state.manager
+            kept = await manager.sweep(datetime.now(UTC))
+            gone = await manager.sweep(datetime.now(UTC) + timedelta(hours=25))
+            still = (await c.get(f"/v1/turns/{turn['turn_id']}")).status_code
+            return kept, gone, still == 404
+
+    kept, gone, vanished = asyncio.run(scenario())
+    assert (kept, gone, vanished) == (0, 1, True)
+    assert list((settings.state_root / "turns").iterdir()) == []
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_target_process(config: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "target_side.cli", "serve", "--config", str(config)],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+
+
+@pytest.fixture
+def target_process_config(tmp_path: Path) -> Iterator[tuple[Path, str, Path]]:
+    root = Path(canonical_path(tmp_path))
+    (root / "ws").mkdir()
+    port = _free_port()
+    config = root / "target.toml"
+    config.write_text(
+        f'[server]\nlisten = "127.0.0.1:{port}"\nstate_root = "{root / "state"}"\nheartbeat_s = 1.0\n'
+        f'[roles.builder]\ntoken_sha256 = "{sha(BUILDER_TOKEN)}"\nworkspaces = ["{root / "ws"}"]\n'
+    )
+    config.chmod(0o600)
+    yield config, f"http://127.0.0.1:{port}", root / "state"
+
+
+def test_kill_9_of_the_target_loses_the_turn_but_not_its_output(target_process_config: tuple[Path, str, Path]) -> None:
+    config, url, state = target_process_config
+    marker = "333.5"
+    headers = {"Authorization": f"Bearer {BUILDER_TOKEN}"}
+    server = _start_target_process(config)
+    try:
+        with httpx.Client(base_url=url, headers=headers, timeout=10) as c:
+            assert wait_until(lambda: _up(c), timeout=20)
+            turn = c.post("/v1/turns", json={"role": "builder", "argv": ["sh", "-c", f"echo before; sleep {marker}"]}).json()
+            assert wait_until(lambda: bool(processes_with("sleep", marker)))
+            server.send_signal(signal.SIGKILL)
+            server.wait(timeout=10)
+            # bwrap dies with its parent, and the kernel takes the pid namespace with it.
+            assert wait_until(lambda: not processes_with("sleep", marker))
+            assert (state / "scratch" / turn["turn_id"]).exists()
+    finally:
+        server.kill()
+        server.wait()
+        if server.stderr:
+            server.stderr.close()
+    server = _start_target_process(config)
+    try:
+        with httpx.Client(base_url=url, headers=headers, timeout=10) as c:
+            assert wait_until(lambda: _up(c), timeout=20)
+            again = c.get(f"/v1/turns/{turn['turn_id']}").json()
+            evs = events(c, turn["turn_id"])
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+        if server.stderr:
+            server.stderr.close()
+    assert again["state"] == "lost"
+    assert again["exit_code"] == 125
+    assert output(evs) == "before\n"
+    assert evs[-1].kind == "exit" and evs[-1].exit_code == 125
+    assert not (state / "scratch" / turn["turn_id"]).exists()
+    assert ledger.verify(state).count >= 2
+
+
+def _up(c: httpx.Client) -> bool:
+    try:
+        return c.get("/v1/health").status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def test_many_concurrent_turns_complete_with_every_byte(target: Target) -> None:
+    """Bounded load: 200 turns at 16 in flight, each printing a known 64 KiB."""
+    import concurrent.futures
+
+    expected = hashlib.sha256(b"x" * 65536).hexdigest()
+
+    def one(i: int) -> str:
+        with target.client() as c:
+            turn, evs = run(c, ["head", "-c", "65536", "/dev/zero"])
+            data = b"".join(
+                (e.data or "").encode() if e.data is not None else b"" for e in evs if e.kind == "stdout"
+            )
+            assert turn.exit_code == 0
+            return hashlib.sha256(data.replace(b"\0", b"x")).hexdigest()
+
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
+        digests = list(pool.map(one, range(200)))
+    assert digests == [expected] * 200
+    assert time.monotonic() - started < 300
