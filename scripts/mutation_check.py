@@ -93,6 +93,11 @@ MUTATIONS = (
         ("tests/test_fence.py::test_fence_env_is_the_allowlist",),
     ),
     Mutation(
+        "bwrap-under-server-env", "target_side/runner.py",
+        "            env=env,\n", "            env={**os.environ, **env},\n",
+        ("tests/test_fence.py::test_fence_env_hostile_server_env_never_arrives",),
+    ),
+    Mutation(
         "reserved-env-accepted", "target_side/plan.py",
         '        if name.startswith("PADDOCK_"):',
         "        if False:",

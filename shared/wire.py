@@ -266,6 +266,47 @@ class Health(Wire):
     backend: str
 
 
+class PlannedMount(Wire):
+    """One mount of a planned fence: a host path bound read-only or writable, or a symlink."""
+
+    kind: Literal["ro", "rw", "symlink"]
+    source: str
+    dest: str
+    subject: str = Field(description="what asked for it: a request field, or the fence itself")
+
+
+class PlannedLimits(Wire):
+    """The limits a turn would run under (the request's, or the role's maxima)."""
+
+    wall_s: float
+    memory_mb: int
+    pids: int
+    cpu: float
+    output_mb: int
+
+
+class FenceView(Wire):
+    """The fence a request would get, as ``POST /v1/plan`` reports it (nothing is launched)."""
+
+    backend: str
+    argv: list[str]
+    executable: Executable
+    cwd: str
+    uid: int
+    network: bool
+    mounts: list[PlannedMount]
+    env_names: list[str] = Field(description="names only: values may be secrets")
+    limits: PlannedLimits
+
+
+class PlanResult(Wire):
+    """Exactly one of ``fence`` (it would run) or ``refusal`` (it would be refused)."""
+
+    fence: FenceView | None = None
+    refusal: Refusal | None = None
+    exit_code: int = Field(description="0 if it would launch, else the refusal's exit status")
+
+
 class ProblemField(Wire):
     """One field of a rejected request and what was wrong with it."""
 

@@ -17,7 +17,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from shared.wire import TERMINAL_KINDS, Event, Health, Problem, ProblemField, SignalRequest, Turn, TurnRequest, is_turn_id
+from shared.wire import (
+    TERMINAL_KINDS, Event, Health, PlanResult, Problem, ProblemField, SignalRequest, Turn,
+    TurnRequest, is_turn_id,
+)
 from target_side.auth import AuthError, RoleNotHeld, TokenRoles, require_role
 from target_side.config import Settings
 from target_side.errors import BackendError
@@ -111,6 +114,11 @@ def create_app(settings: Settings, inject: FailureHook = no_failure) -> FastAPI:
         data = await request.body()
         await manager.write_stdin(record, data, eof)
         return record.turn
+
+    @app.post("/v1/plan")
+    async def dry_run(request: TurnRequest, roles: Roles) -> PlanResult:
+        require_role(roles, request.role)
+        return await asyncio.to_thread(manager.dry_run, request)
 
     @app.get("/v1/turns")
     async def list_turns(

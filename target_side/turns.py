@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from shared.wire import Turn, TurnRequest, Usage
+from shared.wire import FenceView, PlannedLimits, PlannedMount, PlanResult, Turn, TurnRequest, Usage
 from target_side import refusals
 from target_side.config import Settings
 from target_side.errors import BackendError, RefusedError, TargetError
@@ -247,6 +247,14 @@ class TurnManager:
     async def _persist(self, record: TurnRecord) -> None:
         await asyncio.to_thread(self.store.save, record.stored)
 
+    def dry_run(self, request: TurnRequest) -> PlanResult:
+        """The fence ``request`` would get, or its refusal; nothing is built or launched."""
+        try:
+            plan = plan_turn(request, self.settings, f"t-{uuid.uuid4().hex}")
+        except RefusedError as refused:
+            return PlanResult(refusal=refused.refusal, exit_code=refused.refusal.exit_code)
+        return PlanResult(fence=fence_view(plan, self.settings.fence.backend), exit_code=0)
+
     def get(self, turn_id: str, roles: frozenset[str]) -> TurnRecord:
         """The turn ``turn_id`` if it belongs to one of ``roles``."""
         record = self._turns.get(turn_id)
@@ -307,6 +315,20 @@ class TurnManager:
             await asyncio.gather(*tasks)
         for record in self._turns.values():
             record.spool.close()
+
+
+def fence_view(plan: FencePlan, backend: str) -> FenceView:
+    """The wire view of a plan: mounts with modes, env names (never values), limits."""
+    limits = plan.limits
+    return FenceView(
+        backend=backend, argv=list(plan.argv), executable=plan.executable, cwd=plan.cwd,
+        uid=plan.uid, network=plan.network, env_names=sorted(plan.env),
+        mounts=[PlannedMount(kind=m.kind, source=m.source, dest=m.dest, subject=m.subject) for m in plan.mounts],
+        limits=PlannedLimits(
+            wall_s=limits.wall_s, memory_mb=limits.memory_mb, pids=limits.pids, cpu=limits.cpu,
+            output_mb=limits.output_mb,
+        ),
+    )
 
 
 def _append_terminal(record: TurnRecord) -> None:

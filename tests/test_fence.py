@@ -6,8 +6,9 @@ import os
 from pathlib import Path
 
 import httpx
+import pytest
 
-from conftest import Target, events, output, run, submit
+from conftest import Target, events, output, processes_with, run, submit, wait_until
 from shared.walk import canonical_path
 
 
@@ -196,3 +197,77 @@ def test_fs_read_of_a_unix_socket_is_refused(client: httpx.Client, target: Targe
         server.bind(str(path))
         rule = _refused_without_launch(client, target, fs={"read": [str(path)]})
     assert rule == "forbidden-path"
+
+
+def test_plan_reports_the_fence_without_launching(client: httpx.Client, target: Target) -> None:
+    marker = target.workspace / "plan-marker"
+    body = {"role": "builder", "argv": ["touch", str(marker)], "env": {"TOKEN": "value-not-shown"},
+            "fs": {"read": ["/usr/share"]}}
+    response = client.post("/v1/plan", json=body)
+    assert response.status_code == 200
+    plan = response.json()
+    assert plan["exit_code"] == 0 and plan["refusal"] is None
+    fence = plan["fence"]
+    assert fence["executable"]["path"] == "/usr/bin/touch"
+    assert {"kind": "ro", "source": "/usr/share", "dest": "/usr/share", "subject": "fs.read[0]"} in fence["mounts"]
+    assert any(m["kind"] == "rw" and m["source"] == str(target.workspace) for m in fence["mounts"])
+    assert "TOKEN" in fence["env_names"]
+    assert "value-not-shown" not in response.text
+    assert fence["limits"]["wall_s"] == 60
+    assert not marker.exists()
+
+
+def test_plan_reports_a_refusal(client: httpx.Client) -> None:
+    plan = client.post("/v1/plan", json={"role": "builder", "argv": ["cat"], "fs": {"read": ["/etc/shadow"]}}).json()
+    assert plan["fence"] is None
+    assert plan["refusal"]["rule"] == "forbidden-path"
+    assert plan["exit_code"] == 126
+
+
+HOSTILE_ENV = {
+    "BASH_ENV": "/tmp/evil.sh", "ENV": "/tmp/evil.sh", "LD_PRELOAD": "/tmp/evil.so",
+    "LD_LIBRARY_PATH": "/tmp/evil", "LD_AUDIT": "/tmp/evil.so", "PYTHONPATH": "/tmp/evil",
+    "PYTHONSTARTUP": "/tmp/evil.py", "PYTHONHOME": "/tmp/evil", "NODE_OPTIONS": "--require /tmp/evil.js",
+    "NPM_CONFIG_PREFIX": "/tmp/evil", "PERL5OPT": "-Mevil", "PERL5LIB": "/tmp/evil", "RUBYOPT": "-revil",
+    "GIT_CONFIG_GLOBAL": "/tmp/evil.gitconfig", "GIT_SSH_COMMAND": "evil", "AWS_SECRET_ACCESS_KEY": "hostile-aws",
+    "GITHUB_TOKEN": "hostile-gh", "SSH_AUTH_SOCK": "/tmp/hostile-agent.sock", "PROMPT_COMMAND": "evil",
+    "IFS": "x",
+}
+
+
+def test_fence_env_hostile_server_env_never_arrives(
+    client: httpx.Client, target: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in HOSTILE_ENV.items():
+        monkeypatch.setenv(name, value)
+    marker = "341.5"
+    turn = submit(client, argv=["sh", "-c", f"env; echo ---; cat /proc/*/environ | tr '\\0' '\\n'; sleep {marker}"])
+    assert wait_until(lambda: bool(processes_with("sleep", marker)))
+    bwrap_envs = [_environ(pid) for pid in _bwrap_pids_of(turn.turn_id)]
+    client.post(f"/v1/turns/{turn.turn_id}/signal", json={"signal": "KILL"})
+    text = output(events(client, turn.turn_id))
+    names = {line.split("=", 1)[0] for line in text.splitlines() if "=" in line}
+    assert not names & set(HOSTILE_ENV), names & set(HOSTILE_ENV)
+    assert not any(value in text for value in ("hostile-aws", "hostile-gh", "/tmp/evil"))
+    # bubblewrap itself ran under the turn's environment, not the server's.
+    assert bwrap_envs, "the turn's bwrap process was not found"
+    for env in bwrap_envs:
+        assert not set(env) & set(HOSTILE_ENV)
+
+
+def _bwrap_pids_of(turn_id: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if cmdline[0].endswith(b"bwrap") and any(turn_id.encode() in arg for arg in cmdline):
+                found.append(int(entry))
+    return found
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+    return dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)

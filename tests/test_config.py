@@ -1,0 +1,156 @@
+"""The target's config: parsing errors that name the key, and safe check/apply/mint (seed 003, D4)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import sha
+from shared.walk import canonical_path
+from target_side import config_file
+from target_side.config import load_settings, parse_settings
+from target_side.errors import ConfigError
+from target_side.safe_files import UnsafeFileError, read_private, write_atomic
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    base = Path(canonical_path(tmp_path))
+    (base / "ws").mkdir()
+    return base
+
+
+def _config_text(root: Path, extra: str = "") -> str:
+    return (
+        f'[server]\nstate_root = "{root / "state"}"\n{extra}'
+        f'[roles.builder]\ntoken_sha256 = "{sha("t")}"\nworkspaces = ["{root / "ws"}"]\n'
+    )
+
+
+def _write(path: Path, text: str, mode: int = 0o600) -> Path:
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+def test_config_unknown_key_is_named(root: Path) -> None:
+    with pytest.raises(ConfigError, match=r"unknown key 'server\.lisen'"):
+        parse_settings(_config_text(root, 'lisen = "127.0.0.1:1"\n'))
+
+
+def test_config_relative_path_is_named(root: Path) -> None:
+    text = _config_text(root).replace(str(root / "ws"), "ws")
+    with pytest.raises(ConfigError, match=r"roles\.builder\.workspaces.*relative"):
+        parse_settings(text)
+
+
+def test_config_plain_http_off_loopback_is_refused(root: Path) -> None:
+    with pytest.raises(ConfigError, match="TLS is required"):
+        parse_settings(_config_text(root, 'listen = "0.0.0.0:8443"\n'))
+
+
+def test_config_loopback_ipv6_may_be_plain(root: Path) -> None:
+    settings = parse_settings(_config_text(root, 'listen = "[::1]:8443"\n'))
+    assert (settings.server.host, settings.server.port) == ("::1", 8443)
+
+
+def test_config_load_refuses_a_symlink(root: Path) -> None:
+    real = _write(root / "real.toml", _config_text(root))
+    link = root / "link.toml"
+    link.symlink_to(real)
+    with pytest.raises(ConfigError, match="symlink"):
+        load_settings(link)
+
+
+def test_config_load_refuses_world_readable(root: Path) -> None:
+    path = _write(root / "open.toml", _config_text(root), mode=0o644)
+    with pytest.raises(ConfigError, match="chmod 0640"):
+        load_settings(path)
+
+
+def test_config_load_refuses_a_group_writable_ancestor(root: Path) -> None:
+    shared = root / "shared"
+    shared.mkdir()
+    shared.chmod(0o775)  # set after mkdir: mkdir's mode is masked by the umask
+    path = _write(shared / "target.toml", _config_text(root))
+    with pytest.raises(ConfigError, match="writable by group or others"):
+        load_settings(path)
+
+
+def test_config_check_reports_every_problem(root: Path) -> None:
+    text = _config_text(root).replace(str(root / "ws"), str(root / "missing-ws"))
+    path = _write(root / "target.toml", text)
+    settings, problems = config_file.check(path)
+    assert settings is not None
+    assert any("missing-ws does not exist" in p for p in problems)
+
+
+def test_config_check_cli_exit_status(root: Path) -> None:
+    good = _write(root / "good.toml", _config_text(root))
+    bad = _write(root / "bad.toml", _config_text(root, "nonsense = 1\n"))
+    cli = [sys.executable, "-m", "target_side.cli", "config", "check"]
+    ok = subprocess.run([*cli, str(good)], capture_output=True, text=True, cwd=REPO, timeout=30)
+    assert ok.returncode == 0, ok.stderr
+    failed = subprocess.run([*cli, str(bad)], capture_output=True, text=True, cwd=REPO, timeout=30)
+    assert failed.returncode == 1
+    assert "server.nonsense" in failed.stderr
+
+
+def test_config_apply_installs_atomically_with_mode_0600(root: Path) -> None:
+    source = _write(root / "new.toml", _config_text(root), mode=0o640)
+    dest = _write(root / "target.toml", "old = 1\n")
+    before = os.stat(dest).st_ino
+    config_file.apply(source, dest)
+    assert dest.read_text() == source.read_text()
+    assert os.stat(dest).st_mode & 0o777 == 0o600
+    assert os.stat(dest).st_ino != before  # replaced by rename, never rewritten in place
+    assert [p.name for p in root.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_config_apply_refuses_a_bad_file_and_keeps_the_old(root: Path) -> None:
+    source = _write(root / "new.toml", _config_text(root, "typo = true\n"))
+    dest = _write(root / "target.toml", "old = 1\n")
+    with pytest.raises(ConfigError, match="server.typo"):
+        config_file.apply(source, dest)
+    assert dest.read_text() == "old = 1\n"
+
+
+def test_token_mint_stores_only_the_hash_and_keeps_comments(root: Path) -> None:
+    path = _write(root / "target.toml", "# operator note\n" + _config_text(root))
+    token = config_file.mint_token(path, "builder")
+    text = path.read_text()
+    assert token not in text
+    assert sha(token) in text
+    assert "# operator note" in text
+    assert load_settings(path).roles["builder"].token_sha256 == sha(token)
+
+
+def test_token_mint_for_unknown_role_changes_nothing(root: Path) -> None:
+    path = _write(root / "target.toml", _config_text(root))
+    before = path.read_text()
+    with pytest.raises(ConfigError, match="no role 'ghost'"):
+        config_file.mint_token(path, "ghost")
+    assert path.read_text() == before
+
+
+def test_write_atomic_failure_leaves_old_file_and_no_temp(root: Path) -> None:
+    dest = _write(root / "state.json", "old")
+
+    # A str where bytes belong fails inside the write, after the temp file exists.
+    with pytest.raises(TypeError):
+        write_atomic(dest, "not bytes")  # type: ignore[arg-type]
+    assert dest.read_text() == "old"
+    assert sorted(p.name for p in root.iterdir()) == ["state.json", "ws"]
+
+
+def test_read_private_refuses_foreign_owner(root: Path) -> None:
+    path = _write(root / "theirs.toml", "x = 1\n")
+    os.chown(path, 12345, 12345)
+    with pytest.raises(UnsafeFileError, match="owned by uid 12345"):
+        read_private(path)
