@@ -131,6 +131,12 @@ MUTATIONS = (
         ("tests/test_turns.py::test_turn_leaves_no_background_process_behind",),
     ),
     Mutation(
+        "resume-skips-an-event", "target_side/app.py",
+        "        start = max(after, last_event_id or 0)\n",
+        "        start = max(after, last_event_id or 0) + (1 if after else 0)\n",
+        ("tests/test_resume.py", "tests/test_turns.py -k resume"),
+    ),
+    Mutation(
         "setup-failure-as-exit-1", "target_side/runner.py",
         "        if self._status.exit_code is None:\n            # bwrap itself failed",
         "        if False:\n            # bwrap itself failed",
