@@ -2,8 +2,14 @@
 
     paddock run [--target URL] [--token-file F] [--cacert F] [--role R] [--cwd D]
                 [-e K=V ...] [--write P ...] [--read P ...] [--net] [--timeout S]
-                [--json] [--local] -- CMD...
-    paddock health [--target URL] [--cacert F] [--local]
+                [--json] [--local | --ssh USER@HOST[:PORT] [-i KEY] [--known-hosts F]]
+                -- CMD...
+    paddock health [--target URL] [--cacert F] [--local | --ssh USER@HOST[:PORT] ...]
+
+With ``--ssh``, every request goes through one SSH connection to the target
+host (see ``agent_side.ssh``), and ``--target`` names the listener as seen from
+there (default http://127.0.0.1:8443). A passphrase-protected key is unlocked
+with PADDOCK_SSH_PASSPHRASE, else asked for on the terminal.
 
 Exit statuses follow DESIGN.md: the command's own 0..123, 124 timed out, 125
 paddock itself failed (this module's ``paddock: LABEL: ...`` lines), 126
@@ -13,35 +19,25 @@ refused, 127 not found, 128+N killed by signal N.
 from __future__ import annotations
 
 import argparse
-import base64
-import binascii
 import contextlib
 import os
 import signal
 import sys
 import threading
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import NoReturn, TextIO
 
-from pydantic import ValidationError
-
+from agent_side.api import DEFAULT_SSH_TARGET, Target
 from agent_side.client import TargetClient
-from agent_side.errors import AgentError, ProtocolError, TurnLost, UsageError
+from agent_side.errors import AgentError, UsageError
+from agent_side.ssh import PassphraseSource, interactive_passphrase
+from agent_side.turns import drive, new_request, output_bytes
+from agent_side.turns import exit_status as exit_status  # re-exported: the CLI's status rule
 from shared import __version__
 from shared.exit_status import ExitStatus, for_signal
-from shared.wire import (
-    TERMINAL_KINDS,
-    Event,
-    FsAccess,
-    Limits,
-    OutputEvent,
-    Refusal,
-    Turn,
-    TurnRequest,
-)
+from shared.wire import Event, OutputEvent, Refusal, Turn, TurnRequest
 
 DEFAULT_ROLE = "default"
 INTERRUPTED = for_signal(signal.SIGINT)
@@ -110,9 +106,24 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_target_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", metavar="URL", help="target URL (PADDOCK_TARGET)")
+    parser.add_argument(
+        "--target", metavar="URL",
+        help=f"target URL (PADDOCK_TARGET); with --ssh, as seen from the SSH host "
+        f"(default {DEFAULT_SSH_TARGET})",
+    )
     parser.add_argument("--cacert", metavar="F", help="CA certificate to trust (PADDOCK_CACERT)")
     parser.add_argument("--local", action="store_true", help="start an embedded loopback target")
+    parser.add_argument(
+        "--ssh", metavar="USER@HOST[:PORT]", help="reach the target through one SSH connection"
+    )
+    parser.add_argument(
+        "-i", dest="identity", action="append", default=[], metavar="KEY",
+        help="SSH private key to offer (repeatable; the SSH agent is used too)",
+    )
+    parser.add_argument(
+        "--known-hosts", action="append", default=[], metavar="F",
+        help="known_hosts file to check besides ~/.ssh/known_hosts (repeatable)",
+    )
 
 
 def _positive_seconds(text: str) -> float:
@@ -131,10 +142,20 @@ def _positive_seconds(text: str) -> float:
 def resolve_connection(
     args: argparse.Namespace, environ: Mapping[str, str], *, need_token: bool = True
 ) -> Connection:
-    """Target, token and CA: each from its flag, else its PADDOCK_* variable."""
-    url = args.target or environ.get("PADDOCK_TARGET")
+    """Target, token and CA: each from its flag, else its PADDOCK_* variable.
+
+    With ``--ssh`` the URL is the listener as seen from the SSH host, so only
+    ``--target`` names it: PADDOCK_TARGET names the target as seen from here.
+    """
+    if getattr(args, "ssh", None):
+        url = args.target or DEFAULT_SSH_TARGET
+    else:
+        _refuse_ssh_options_without_ssh(args)
+        url = args.target or environ.get("PADDOCK_TARGET")
     if not url:
-        raise UsageError("no target: give --target URL or set PADDOCK_TARGET (or use --local)")
+        raise UsageError(
+            "no target: give --target URL or set PADDOCK_TARGET (or use --local or --ssh)"
+        )
     token: str | None = None
     token_file = getattr(args, "token_file", None)
     if token_file:
@@ -144,6 +165,34 @@ def resolve_connection(
     elif need_token:
         raise UsageError("no token: give --token-file F or set PADDOCK_TOKEN")
     return Connection(url=url, token=token, cacert=args.cacert or environ.get("PADDOCK_CACERT"))
+
+
+def _refuse_ssh_options_without_ssh(args: argparse.Namespace) -> None:
+    given = [flag for flag, value in (("-i", args.identity), ("--known-hosts", args.known_hosts))
+             if value]
+    if given:
+        raise UsageError(f"{' and '.join(given)} only apply with --ssh USER@HOST")
+
+
+def open_target(
+    args: argparse.Namespace, environ: Mapping[str, str], connection: Connection
+) -> Target:
+    """The target the command line names: through SSH with ``--ssh``, else directly."""
+    if not getattr(args, "ssh", None):
+        return Target.https(connection.url, token=connection.token, cacert=connection.cacert)
+    return Target.ssh(
+        args.ssh, token=connection.token, url=connection.url, cacert=connection.cacert,
+        identity_files=args.identity, known_hosts=args.known_hosts,
+        passphrase=ssh_passphrase(environ),
+    )
+
+
+def ssh_passphrase(environ: Mapping[str, str]) -> PassphraseSource:
+    """PADDOCK_SSH_PASSPHRASE when set (for unattended use), else a prompt on the terminal."""
+    secret = environ.get("PADDOCK_SSH_PASSPHRASE")
+    if secret is not None:
+        return lambda _path: secret
+    return interactive_passphrase
 
 
 def resolve_role(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
@@ -184,24 +233,16 @@ def build_request(args: argparse.Namespace, role: str, local_cwd: str | None) ->
     if not argv:
         raise UsageError("give the command to run after '--', e.g. paddock run -- make test")
     cwd = _target_path(args.cwd, "--cwd", local_cwd) if args.cwd else local_cwd
-    try:
-        return TurnRequest(
-            role=role,
-            argv=argv,
-            cwd=cwd,
-            env=_env_pairs(args.env),
-            fs=FsAccess(
-                read=[_target_path(p, "--read", local_cwd) for p in args.read],
-                write=[_target_path(p, "--write", local_cwd) for p in args.write],
-            ),
-            network="host" if args.net else "none",
-            limits=Limits(wall_s=args.timeout),
-        )
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']}" for e in exc.errors()
-        )
-        raise UsageError(f"the request is not valid: {problems}") from exc
+    return new_request(
+        role=role,
+        argv=argv,
+        cwd=cwd,
+        env=_env_pairs(args.env),
+        read=[_target_path(p, "--read", local_cwd) for p in args.read],
+        write=[_target_path(p, "--write", local_cwd) for p in args.write],
+        network=args.net,
+        wall_s=args.timeout,
+    )
 
 
 def _target_path(path: str, flag: str, local_cwd: str | None) -> str:
@@ -236,16 +277,23 @@ def run_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
         local_cwd = os.getcwd()
         request = build_request(args, args.role or LOCAL_ROLE, local_cwd)
-        with local_target(local_cwd) as target:
-            connection = Connection(target.url, target.token, target.cacert)
-            return run_turn(connection, request, as_json=args.json)
+        with (
+            local_target(local_cwd) as local,
+            Target.https(local.url, token=local.token, cacert=local.cacert) as target,
+        ):
+            return run_turn(target.client, request, as_json=args.json)
     connection = resolve_connection(args, environ)
     request = build_request(args, resolve_role(args, environ), None)
-    return run_turn(connection, request, as_json=args.json)
+    with open_target(args, environ, connection) as target:
+        return run_turn(target.client, request, as_json=args.json)
 
 
 def _refuse_with_local(args: argparse.Namespace) -> None:
-    given = [f for f, v in (("--target", args.target), ("--cacert", args.cacert)) if v]
+    flags = (
+        ("--target", args.target), ("--cacert", args.cacert), ("--ssh", args.ssh),
+        ("-i", args.identity), ("--known-hosts", args.known_hosts),
+    )
+    given = [f for f, v in flags if v]
     if getattr(args, "token_file", None):
         given.append("--token-file")
     if given:
@@ -254,39 +302,17 @@ def _refuse_with_local(args: argparse.Namespace) -> None:
         raise UsageError("the --local target has one role, 'default'; drop --role")
 
 
-def run_turn(connection: Connection, request: TurnRequest, *, as_json: bool) -> int:
+def run_turn(client: TargetClient, request: TurnRequest, *, as_json: bool) -> int:
     """Run ``request`` on the target and return the status ``paddock run`` exits with."""
-    with TargetClient(connection.url, connection.token, cacert=connection.cacert) as client:
-        forwarder = SignalForwarder(client)
-        with forwarder.installed():
-            turn = client.submit(request, idempotency_key=str(uuid.uuid4()))
-            forwarder.attach(turn.turn_id)
-            sink = _Sink(as_json=as_json, on_broken_pipe=lambda: forwarder.send("TERM"))
-            terminal: Event | None = None
-            # Followed even when refused at submission: the stream carries its refused event.
-            for event in client.follow(turn.turn_id):
-                sink.event(event)
-                if event.kind in TERMINAL_KINDS:
-                    terminal = event
-            final = client.turn(turn.turn_id)
-        if final.refusal is not None and not sink.refusal_shown:
-            say(refusal_sentence(final.refusal))
-        sink.turn(final)
-        return exit_status(final, terminal)
-
-
-def exit_status(final: Turn, terminal: Event | None) -> int:
-    """The status to exit with: the terminal event's, else the finished turn's."""
-    if final.state == "lost":
-        raise TurnLost(f"the target marked turn {final.turn_id} lost (it crashed or restarted)")
-    status = getattr(terminal, "exit_code", None)
-    if status is None:
-        status = final.exit_code
-    if status is None:
-        raise ProtocolError(f"turn {final.turn_id} ended ({final.state}) without an exit status")
-    if not 0 <= status <= 255:
-        raise ProtocolError(f"turn {final.turn_id} reported exit status {status}, not 0..255")
-    return int(status)
+    forwarder = SignalForwarder(client)
+    with forwarder.installed():
+        sink = _Sink(as_json=as_json, on_broken_pipe=lambda: forwarder.send("TERM"))
+        finished = drive(client, request, sink.event, on_submitted=forwarder.attach)
+    final = finished.turn
+    if final.refusal is not None and not sink.refusal_shown:
+        say(refusal_sentence(final.refusal))
+    sink.turn(final)
+    return finished.exit_status
 
 
 def refusal_sentence(refusal: Refusal) -> str:
@@ -341,16 +367,6 @@ class _Sink:
             self._stdout_open = False
             _silence_stdout()
             self._on_broken_pipe()
-
-
-def output_bytes(event: OutputEvent) -> bytes:
-    """The bytes an output event carries, whichever way it encoded them."""
-    if event.data is not None:
-        return event.data.encode()
-    try:
-        return base64.b64decode(event.data_b64 or "", validate=True)
-    except binascii.Error as exc:
-        raise ProtocolError(f"event {event.seq} carries data_b64 that is not base64") from exc
 
 
 def _write(stream: TextIO, data: bytes) -> None:
@@ -443,14 +459,18 @@ def health_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         _refuse_with_local(args)
         from agent_side.local import local_target
 
-        with local_target() as target:
-            return _print_health(Connection(target.url, None, target.cacert))
-    return _print_health(resolve_connection(args, environ, need_token=False))
+        with (
+            local_target() as local,
+            Target.https(local.url, token=None, cacert=local.cacert) as target,
+        ):
+            return _print_health(target)
+    connection = resolve_connection(args, environ, need_token=False)
+    with open_target(args, environ, connection) as target:
+        return _print_health(target)
 
 
-def _print_health(connection: Connection) -> int:
-    with TargetClient(connection.url, connection.token, cacert=connection.cacert) as client:
-        health = client.health()
+def _print_health(target: Target) -> int:
+    health = target.health()
     _write(sys.stdout, (health.model_dump_json() + "\n").encode())
     return 0 if health.status == "armed" else 1
 

@@ -101,7 +101,7 @@ class TargetClient:
         self._sleep = sleep
         self._http = httpx.Client(
             base_url=self._base_url,
-            verify=_tls_context(cacert) if url.scheme == "https" else False,
+            verify=tls_context(cacert) if url.scheme == "https" else False,
             transport=transport,
             timeout=timeout,
             # Proxy, netrc and CA variables would silently change where the token goes.
@@ -300,7 +300,7 @@ def _checked_base_url(base_url: str, *, using_transport: bool) -> httpx.URL:
         raise UsageError(f"target URL {base_url!r} is not a URL: {exc}") from exc
     if url.scheme not in ("http", "https") or not url.host:
         raise UsageError(f"target URL {base_url!r} must look like https://HOST:PORT")
-    if url.scheme == "http" and not using_transport and not _is_loopback(url.host):
+    if url.scheme == "http" and not using_transport and not is_loopback(url.host):
         raise UsageError(
             f"refusing to send the token over plain HTTP to {url.host}; "
             "use https:// (plain HTTP is only for loopback addresses)"
@@ -308,7 +308,8 @@ def _checked_base_url(base_url: str, *, using_transport: bool) -> httpx.URL:
     return url
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address or ``localhost``."""
     if host == "localhost":
         return True
     try:
@@ -323,7 +324,8 @@ def _checked_token(token: str) -> str:
     return token
 
 
-def _tls_context(cacert: str | None) -> ssl.SSLContext:
+def tls_context(cacert: str | None) -> ssl.SSLContext:
+    """A verifying TLS context trusting ``cacert`` (the system's CAs when None)."""
     try:
         return ssl.create_default_context(cafile=cacert)
     except (OSError, ssl.SSLError) as exc:

@@ -3,6 +3,11 @@
     AgentError (shared.errors.PaddockError)
      ├── UsageError           the command line or client settings cannot make a request
      ├── TargetUnreachable    no connection to the target could be opened
+     │    └── SshUnreachable  the SSH server could not be reached, or its handshake failed
+     ├── HostKeyUnknown       the SSH server's host key is in no known_hosts file
+     ├── HostKeyChanged       the SSH server offered a key other than the one known_hosts holds
+     ├── SshAuthFailed        the SSH server accepted none of the keys offered
+     ├── SshFailure           the SSH connection works but refused what paddock asked of it
      ├── TlsFailure           a connection opened, but the target's certificate was not trusted
      ├── ConnectionDropped    an open connection broke mid-exchange; a stream can resume
      ├── AuthRejected         the target refused the token (401) or its role (403)
@@ -11,6 +16,8 @@
      └── TurnLost             the target no longer has the turn (crash, restart)
 
 Every one of these makes the CLI exit 125: paddock itself failed, not the command.
+An ``SshUnreachable`` is a ``TargetUnreachable``, so a stream that resumes after a
+dropped connection retries it; the host-key and auth failures are never retried.
 """
 
 from __future__ import annotations
@@ -40,6 +47,36 @@ class TargetUnreachable(AgentError):
     """No connection to the target could be opened (refused, no route, name unknown)."""
 
     label = "target unreachable"
+
+
+class SshUnreachable(TargetUnreachable):
+    """The SSH server could not be reached, or the connection broke during its handshake."""
+
+    label = "SSH unreachable"
+
+
+class HostKeyUnknown(AgentError):
+    """The SSH server's host key is in no known_hosts file; nothing was sent to it."""
+
+    label = "SSH host key unknown"
+
+
+class HostKeyChanged(AgentError):
+    """The SSH server's host key differs from the one known_hosts holds: possibly an attack."""
+
+    label = "SSH HOST KEY CHANGED"
+
+
+class SshAuthFailed(AgentError):
+    """The SSH server accepted none of the keys offered (agent, ``-i``, config, defaults)."""
+
+    label = "SSH auth failed"
+
+
+class SshFailure(AgentError):
+    """The SSH server refused a request on a working connection (e.g. port forwarding)."""
+
+    label = "SSH failure"
 
 
 class TlsFailure(AgentError):
@@ -86,7 +123,13 @@ def map_transport_error(exc: httpx.HTTPError, url: str) -> AgentError:
 
     Every ``httpx.HTTPError`` maps to something: a test walks httpx's whole
     exception tree so a new httpx exception cannot slip through unmapped.
+    A transport that already knew what went wrong (the SSH tunnel raises
+    ``httpcore.ConnectError`` from a ``HostKeyChanged``, say) is believed.
     """
+    known = _agent_cause(exc)
+    if known is not None:
+        # A fresh instance: re-raising the original from ``exc`` would loop its cause chain.
+        return type(known)(str(known))
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
         tls = _ssl_cause(exc)
         if tls is not None:
@@ -119,6 +162,22 @@ def _ssl_cause(exc: BaseException) -> ssl.SSLError | None:
             return current
         seen.add(id(current))
         current = current.__cause__ or current.__context__
+    return None
+
+
+def _agent_cause(exc: BaseException) -> AgentError | None:
+    """An ``AgentError`` that ``exc`` was explicitly raised from, through any wrappers.
+
+    Only ``__cause__`` counts: an error merely raised while another was being
+    handled (``__context__``) says nothing about why this one happened.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc.__cause__
+    while current is not None and id(current) not in seen:
+        if isinstance(current, AgentError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__
     return None
 
 

@@ -30,37 +30,43 @@ class Mutation:
 
 MUTATIONS = (
     Mutation(
-        "forbidden-list-ignored", "target_side/forbidden.py",
+        "forbidden-list-ignored",
+        "target_side/forbidden.py",
         "        if any(is_within(canonical, mine) for mine in self.own):\n            return None",
         "        return None",
         ("tests/test_fence.py -k forbidden_path or parent or symlink or state_root or sibling",),
     ),
     Mutation(
-        "parent-conflict-dropped", "shared/walk.py",
+        "parent-conflict-dropped",
+        "shared/walk.py",
         "    if is_within(forbidden, mount):\n        return Conflict.PARENT",
         "    if False:\n        return Conflict.PARENT",
         ("tests/test_fence.py::test_fs_read_of_parent_of_forbidden_path_is_refused",),
     ),
     Mutation(
-        "own-state-exemption-widened-to-parent", "target_side/forbidden.py",
+        "own-state-exemption-widened-to-parent",
+        "target_side/forbidden.py",
         "if any(is_within(canonical, mine) for mine in self.own):",
         "if any(is_within(canonical, mine.rsplit('/', 2)[0]) for mine in self.own):",
         ("tests/test_fence.py::test_fs_read_of_sibling_role_state_is_refused",),
     ),
     Mutation(
-        "symlinks-not-followed", "target_side/plan.py",
+        "symlinks-not-followed",
+        "target_side/plan.py",
         "        resolved = canonical_path(path)\n        self._check_forbidden(subject, path, resolved)",
         "        resolved = posixpath.normpath(path)\n        self._check_forbidden(subject, path, resolved)",
         ("tests/test_fence.py::test_fs_read_through_a_symlink_to_forbidden_path_is_refused",),
     ),
     Mutation(
-        "workspace-unchecked", "target_side/plan.py",
+        "workspace-unchecked",
+        "target_side/plan.py",
         "        if not any(is_within(resolved, w) for w in self.workspaces):",
         "        if False:",
         ("tests/test_fence.py -k outside_workspace or escaping",),
     ),
     Mutation(
-        "capabilities-kept-as-root", "target_side/launch.py",
+        "capabilities-kept-as-root",
+        "target_side/launch.py",
         '        "--uid", str(plan.uid), "--gid", str(plan.gid),\n        "--cap-drop", "ALL",\n',
         '        "--uid", "0", "--gid", "0",\n        "--cap-add", "ALL",\n',
         ("tests/test_fence.py::test_fence_runs_as_non_root_without_capabilities",),
@@ -68,83 +74,102 @@ MUTATIONS = (
     Mutation(
         # --disable-userns alone also locks the mounts (a nested user namespace), so the
         # remount test only goes red once both layers are gone.
-        "capabilities-kept-as-root-remount", "target_side/launch.py",
+        "capabilities-kept-as-root-remount",
+        "target_side/launch.py",
         '        "--uid", str(plan.uid), "--gid", str(plan.gid),\n        "--cap-drop", "ALL",\n',
         '        "--uid", "0", "--gid", "0",\n        "--cap-add", "ALL",\n',
         ("tests/test_fence.py::test_fence_remount_read_only_bind_writable_fails",),
         also=(('"--unshare-user", "--disable-userns"]', '"--unshare-user"]'),),
     ),
     Mutation(
-        "root-inside", "target_side/plan.py",
+        "root-inside",
+        "target_side/plan.py",
         "return (NOBODY, NOBODY) if uid == 0 else (uid, gid)",
         "return (0, 0)",
         ("tests/test_fence.py::test_fence_runs_as_non_root_without_capabilities",),
     ),
     Mutation(
-        "network-shared", "target_side/launch.py",
-        "    if plan.network:\n        flags.append(\"--share-net\")",
-        "    flags.append(\"--share-net\")",
+        "network-shared",
+        "target_side/launch.py",
+        '    if plan.network:\n        flags.append("--share-net")',
+        '    flags.append("--share-net")',
         ("tests/test_fence.py::test_fence_has_no_network_but_loopback",),
     ),
     Mutation(
-        "server-env-inherited", "target_side/plan.py",
+        "server-env-inherited",
+        "target_side/plan.py",
         "    env |= {name: server_env[name] for name in INHERITED_ENV if name in server_env}",
         "    env |= server_env",
         ("tests/test_fence.py::test_fence_env_is_the_allowlist",),
     ),
     Mutation(
-        "bwrap-under-server-env", "target_side/runner.py",
-        "            env=env,\n", "            env={**os.environ, **env},\n",
+        "bwrap-under-server-env",
+        "target_side/runner.py",
+        "            env=env,\n",
+        "            env={**os.environ, **env},\n",
         ("tests/test_fence.py::test_fence_env_hostile_server_env_never_arrives",),
     ),
     Mutation(
-        "reserved-env-accepted", "target_side/plan.py",
+        "reserved-env-accepted",
+        "target_side/plan.py",
         '        if name.startswith("PADDOCK_"):',
         "        if False:",
         ("tests/test_fence.py::test_reserved_env_name_is_refused",),
     ),
     Mutation(
-        "git-hooks-writable", "target_side/plan.py",
-        "    planner.protect_git()\n", "",
+        "git-hooks-writable",
+        "target_side/plan.py",
+        "    planner.protect_git()\n",
+        "",
         ("tests/test_fence.py::test_fence_git_hooks_stay_read_only",),
     ),
     Mutation(
-        "auth-accepts-any-token", "target_side/auth.py",
+        "auth-accepts-any-token",
+        "target_side/auth.py",
         "        if not held:\n",
         "        if not held:\n            return frozenset(n for n, _ in self._hashes)\n",
         ("tests/test_api.py -k 401",),
     ),
     Mutation(
-        "role-not-checked", "target_side/auth.py",
-        "    if role not in held:", "    if False:",
+        "role-not-checked",
+        "target_side/auth.py",
+        "    if role not in held:",
+        "    if False:",
         ("tests/test_api.py::test_turn_for_role_the_token_does_not_hold_is_403",),
     ),
     Mutation(
-        "body-limit-off", "target_side/app.py",
-        "    app.add_middleware(BodyLimit, max_bytes=MAX_BODY)\n", "",
+        "body-limit-off",
+        "target_side/app.py",
+        "    app.add_middleware(BodyLimit, max_bytes=MAX_BODY)\n",
+        "",
         ("tests/test_api.py::test_body_over_one_mib_is_413_and_server_keeps_serving",),
     ),
     Mutation(
-        "orphans-survive", "target_side/launch.py",
+        "orphans-survive",
+        "target_side/launch.py",
         '    flags = ["--unshare-all", "--unshare-user", "--disable-userns"]',
         '    flags = ["--unshare-user", "--unshare-net", "--unshare-ipc", "--disable-userns"]',
         ("tests/test_turns.py::test_turn_leaves_no_background_process_behind",),
     ),
     Mutation(
-        "resume-skips-an-event", "target_side/app.py",
+        "resume-skips-an-event",
+        "target_side/app.py",
         "        start = max(after, last_event_id or 0)\n",
         "        start = max(after, last_event_id or 0) + (1 if after else 0)\n",
         ("tests/test_resume.py", "tests/test_turns.py -k resume"),
     ),
     Mutation(
-        "setup-failure-as-exit-1", "target_side/runner.py",
+        "setup-failure-as-exit-1",
+        "target_side/runner.py",
         "        if self._status.exit_code is None:\n            # bwrap itself failed",
         "        if False:\n            # bwrap itself failed",
         ("tests/test_turns.py::test_turn_bwrap_setup_failure_is_126_not_1",),
     ),
     Mutation(
-        "socket-mounts-allowed", "target_side/plan.py",
-        "        if stat.S_ISSOCK(st.st_mode):", "        if False:",
+        "socket-mounts-allowed",
+        "target_side/plan.py",
+        "        if stat.S_ISSOCK(st.st_mode):",
+        "        if False:",
         ("tests/test_fence.py -k socket",),
     ),
 )
@@ -154,7 +179,9 @@ def run(mutation: Mutation) -> bool:
     """True if the mutation turned its tests red (as it must)."""
     with tempfile.TemporaryDirectory(prefix=f"paddock-mut-{mutation.name}-") as tmp:
         copy = Path(tmp) / "tree"
-        shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(".venv", ".git", "__pycache__", ".*cache"))
+        shutil.copytree(
+            ROOT, copy, ignore=shutil.ignore_patterns(".venv", ".git", "__pycache__", ".*cache")
+        )
         target = copy / mutation.file
         text = target.read_text()
         for old, new in ((mutation.old, mutation.new), *mutation.also):
@@ -164,7 +191,9 @@ def run(mutation: Mutation) -> bool:
             text = text.replace(old, new, 1)
         target.write_text(text)
         failed = all(_red(copy, spec) for spec in mutation.tests)
-    print(f"{mutation.name}: {'red as it must be' if failed else 'STILL GREEN - the test cannot fail'}")
+    print(
+        f"{mutation.name}: {'red as it must be' if failed else 'STILL GREEN - the test cannot fail'}"
+    )
     return failed
 
 

@@ -11,7 +11,15 @@ import re
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    field_validator,
+    model_validator,
+)
 
 MAX_ARGV = 4096
 MAX_SCRIPT_BYTES = 512 * 1024
@@ -84,7 +92,9 @@ class TurnRequest(Wire):
     argv: list[str] | None = Field(default=None, max_length=MAX_ARGV)
     script: str | None = Field(default=None, max_length=MAX_SCRIPT_BYTES)
     script_sha256: str | None = None
-    cwd: AbsolutePath | None = Field(default=None, description="default: the role's first workspace")
+    cwd: AbsolutePath | None = Field(
+        default=None, description="default: the role's first workspace"
+    )
     env: dict[str, str] = Field(default_factory=dict, max_length=256)
     fs: FsAccess = Field(default_factory=FsAccess)
     secrets: list[str] = Field(default_factory=list, max_length=64, description="host:container")
@@ -218,7 +228,7 @@ class ExitEvent(_EventBase):
 
 
 class RefusedEvent(_EventBase):
-    """The fence refused the turn (nothing ran, or bubblewrap could not set up); no event follows."""
+    """The fence refused the turn (nothing ran, or bwrap could not set up); no event follows."""
 
     kind: Literal["refused"] = "refused"
     refusal: Refusal

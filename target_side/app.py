@@ -25,6 +25,7 @@ from target_side.auth import AuthError, RoleNotHeld, TokenRoles, require_role
 from target_side.config import Settings
 from target_side.errors import BackendError
 from target_side.health import HealthBoard
+from target_side import syscall_filter
 from target_side.launch import probe
 from target_side.body_limit import BodyLimit
 from target_side.scratch import FailureHook, no_failure
@@ -33,7 +34,6 @@ from target_side.turns import StdinClosed, TurnManager, TurnNotRunning, TurnReco
 log = logging.getLogger("paddock.target")
 PROBLEM_JSON = "application/problem+json"
 MAX_BODY = 1 << 20
-UNENFORCED_LIMITS = "memory_mb, pids and cpu are not enforced yet (wall_s and output_mb are)"
 
 
 def create_app(settings: Settings, inject: FailureHook = no_failure) -> FastAPI:
@@ -49,7 +49,7 @@ def create_app(settings: Settings, inject: FailureHook = no_failure) -> FastAPI:
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await manager.start()
         await _check_backend(manager, board)
-        board.degrade("limits", UNENFORCED_LIMITS)
+        _check_limits(manager, board)
         sweeper = asyncio.create_task(_sweep_forever(manager))
         yield
         sweeper.cancel()
@@ -150,6 +150,19 @@ async def _check_backend(manager: TurnManager, board: HealthBoard) -> None:
         failure = str(exc)
     if failure is not None:
         board.degrade("backend", f"bubblewrap does not work here: {failure}")
+        return
+    unfiltered = syscall_filter.unavailable_reason()
+    if unfiltered is not None:
+        board.degrade("backend", f"turns run without the seccomp filter: {unfiltered}")
+
+
+def _check_limits(manager: TurnManager, board: HealthBoard) -> None:
+    """Which of memory, pids and cpu fall short of a per-turn cgroup here, and why."""
+    degraded = manager.limiter.degraded()
+    if degraded is None:
+        board.recover("limits")
+    else:
+        board.degrade("limits", degraded)
 
 
 async def _sse(

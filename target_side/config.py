@@ -50,7 +50,7 @@ class ServerConfig(_Section):
     @field_validator("listen")
     @classmethod
     def _listen_shape(cls, value: str) -> str:
-        host, port = split_listen(value)
+        _, port = split_listen(value)
         if not 0 <= port <= 65535:
             raise ValueError(f"port {port} is out of range 0..65535")
         return value

@@ -37,7 +37,8 @@ def _filesystem_problems(settings: Settings) -> list[str]:
     for name, role in settings.roles.items():
         problems += [
             f"roles.{name}.workspaces: {w} does not exist (create it, or remove it)"
-            for w in role.workspaces if not os.path.isdir(w)
+            for w in role.workspaces
+            if not os.path.isdir(w)
         ]
     key = settings.server.tls_key
     if key is not None:

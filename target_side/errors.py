@@ -1,9 +1,9 @@
 """Exceptions of the target side.
 
-    TargetError (shared.errors.PaddockError)
-     ├── ConfigError        the configuration is unusable; the message names the key
-     ├── RefusedError       the fence refused a turn; carries the wire ``Refusal``
-     └── BackendError       bubblewrap (or the chosen backend) cannot run here
+TargetError (shared.errors.PaddockError)
+ ├── ConfigError        the configuration is unusable; the message names the key
+ ├── RefusedError       the fence refused a turn; carries the wire ``Refusal``
+ └── BackendError       bubblewrap (or the chosen backend) cannot run here
 """
 
 from shared.errors import PaddockError

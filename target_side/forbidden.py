@@ -17,8 +17,17 @@ from shared.walk import Conflict, canonical_path, is_within, mount_conflict
 from target_side.config import Settings
 
 CREDENTIAL_DIRS = (
-    ".ssh", ".aws", ".gnupg", ".config/gcloud", ".kube", ".docker", ".netrc",
-    ".git-credentials", ".config/gh", ".npmrc", ".pypirc",
+    ".ssh",
+    ".aws",
+    ".gnupg",
+    ".config/gcloud",
+    ".kube",
+    ".docker",
+    ".netrc",
+    ".git-credentials",
+    ".config/gh",
+    ".npmrc",
+    ".pypirc",
 )
 """Relative to the service user's home: where credentials for other systems live."""
 
@@ -26,8 +35,12 @@ SYSTEM_SECRETS = ("/etc/shadow", "/etc/gshadow", "/etc/ssh")
 """Password hashes and the SSH host keys (the whole of /etc/ssh: it holds nothing a turn needs)."""
 
 RUNTIME_SOCKETS = (
-    "/var/run/docker.sock", "/run/docker.sock", "/run/containerd", "/run/user",
-    "/run/dbus", "/run/systemd/private",
+    "/var/run/docker.sock",
+    "/run/docker.sock",
+    "/run/containerd",
+    "/run/user",
+    "/run/dbus",
+    "/run/systemd/private",
 )
 """Control sockets: a read-only bind does not stop a socket, so they are never bound at all."""
 

@@ -67,7 +67,9 @@ class Ledger:
     def _append_now(self, kind: str, fields: dict[str, Any]) -> None:
         record = {"seq": self._count + 1, "prev": self._last, "kind": kind, **fields}
         line = json.dumps(record, separators=(",", ":"), default=str).encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fd = os.open(
+            self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
         try:
             os.write(fd, line + b"\n")
             os.fsync(fd)
@@ -92,7 +94,9 @@ def verify(state_root: Path, *, repair_head: bool = False) -> Verified:
     for line in _lines(path):
         record = _parse(line, count + 1)
         if record.get("seq") != count + 1 or record.get("prev") != last:
-            raise LedgerError(f"{path}: record {count + 1} does not chain to record {count} (edited or reordered)")
+            raise LedgerError(
+                f"{path}: record {count + 1} does not chain to record {count} (edited or reordered)"
+            )
         count, last = count + 1, _digest(line)
     head_count, head_hash = _read_head(head_path)
     if (count, last) == (head_count, head_hash):

@@ -20,7 +20,10 @@ _CONFLICT_WORDS = {
 def forbidden_path(subject: str, given: str, resolved: str, hit: Collision) -> RefusedError:
     alias = "" if given == resolved else f" (it resolves to {resolved})"
     return _refused(
-        "forbidden-path", subject, given, resolved,
+        "forbidden-path",
+        subject,
+        given,
+        resolved,
         f"{given}{alias} {_CONFLICT_WORDS[hit.conflict.value]} {hit.entry.path} "
         f"({hit.entry.why}); ask for a path that neither contains nor lies inside it",
     )
@@ -28,15 +31,23 @@ def forbidden_path(subject: str, given: str, resolved: str, hit: Collision) -> R
 
 def socket_path(subject: str, given: str, resolved: str) -> RefusedError:
     return _refused(
-        "forbidden-path", subject, given, resolved,
+        "forbidden-path",
+        subject,
+        given,
+        resolved,
         f"{resolved} is a unix socket, and no socket is ever bound into a fence "
         "(read-only does not stop a socket); remove it from the request",
     )
 
 
-def outside_workspace(subject: str, given: str, resolved: str, workspaces: tuple[str, ...]) -> RefusedError:
+def outside_workspace(
+    subject: str, given: str, resolved: str, workspaces: tuple[str, ...]
+) -> RefusedError:
     return _refused(
-        "outside-workspace", subject, given, resolved,
+        "outside-workspace",
+        subject,
+        given,
+        resolved,
         f"{resolved} is not inside a workspace of this role ({', '.join(workspaces)}); "
         "use a path inside one of them",
     )
@@ -48,7 +59,10 @@ def bad_mount(subject: str, given: str, resolved: str, why: str) -> RefusedError
 
 def not_found(name: str, search_path: str) -> RefusedError:
     return _refused(
-        "not-found", "argv[0]", name, None,
+        "not-found",
+        "argv[0]",
+        name,
+        None,
         f"{name!r} was not found on the fence's PATH ({search_path}); "
         "give a program installed on the target, or its absolute path",
     )
@@ -60,41 +74,59 @@ def not_executable(given: str, resolved: str, why: str) -> RefusedError:
 
 def untrusted_executable(given: str, resolved: str, why: str) -> RefusedError:
     return _refused(
-        "untrusted-executable", "argv[0]", given, resolved,
+        "untrusted-executable",
+        "argv[0]",
+        given,
+        resolved,
         f"{why}; install the program somewhere only root or the service user can write",
     )
 
 
 def digest_mismatch(expected: str, actual: str) -> RefusedError:
     return _refused(
-        "digest-mismatch", "script_sha256", None, None,
+        "digest-mismatch",
+        "script_sha256",
+        None,
+        None,
         f"the script's sha256 is {actual}, not {expected}; send the digest of the exact body",
     )
 
 
 def reserved_env(name: str) -> RefusedError:
     return _refused(
-        "reserved-env", f"env.{name}", None, None,
+        "reserved-env",
+        f"env.{name}",
+        None,
+        None,
         f"{name} is reserved: names starting PADDOCK_ are set by the target; remove it",
     )
 
 
 def invalid_env(name: str, why: str) -> RefusedError:
-    return _refused("invalid-env", f"env.{name}", None, None, f"environment variable {name!r} {why}")
+    return _refused(
+        "invalid-env", f"env.{name}", None, None, f"environment variable {name!r} {why}"
+    )
 
 
 def network_not_allowed(role: str) -> RefusedError:
     return _refused(
-        "network-not-allowed", "network", None, None,
-        f"role {role!r} does not allow network access; ask for network \"none\", "
+        "network-not-allowed",
+        "network",
+        None,
+        None,
+        f'role {role!r} does not allow network access; ask for network "none", '
         "or have the operator set allow_network for the role",
     )
 
 
 def limit_exceeds_role(name: str, asked: float, maximum: float) -> RefusedError:
     return _refused(
-        "limit-exceeds-role", f"limits.{name}", None, None,
-        f"limits.{name} = {asked:g} is above the role's maximum of {maximum:g}; ask for at most that",
+        "limit-exceeds-role",
+        f"limits.{name}",
+        None,
+        None,
+        f"limits.{name} = {asked:g} is above the role's maximum of {maximum:g}; "
+        "ask for at most that",
     )
 
 
@@ -104,7 +136,10 @@ def backend_unavailable(detail: str) -> RefusedError:
 
 def path_changed(subject: str, given: str, resolved: str) -> RefusedError:
     return _refused(
-        "path-changed", subject, given, resolved,
+        "path-changed",
+        subject,
+        given,
+        resolved,
         f"{resolved} changed between the check and the mount (a component became a symlink "
         "or was replaced); retry, and find out what is rewriting it",
     )

@@ -4,6 +4,10 @@ Everything here is asynchronous: the server's event loop never waits on a child.
 The fence runs in its own pid namespace, so "the whole turn" is a namespace:
 a signal goes to every process in it, and when its first process (bubblewrap's
 reaper) dies the kernel kills whatever the turn left running.
+
+bubblewrap holds the fence's first process at ``--block-fd`` until the runner
+has put it into the turn's limits (``Gate``), so no process of the command
+starts outside them.
 """
 
 from __future__ import annotations
@@ -22,10 +26,13 @@ from dataclasses import dataclass, field
 from shared.exit_status import ExitStatus, for_signal, signal_of
 from shared.wire import Refusal
 from target_side import refusals
+from target_side.limits import TurnLimits, Usage
 
 READ_CHUNK = 64 * 1024
 STDERR_TAIL = 4096
-SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "KILL": signal.SIGKILL, "HUP": signal.SIGHUP}
+SIGNALS = {
+    "INT": signal.SIGINT, "TERM": signal.SIGTERM, "KILL": signal.SIGKILL, "HUP": signal.SIGHUP,
+}
 
 Emit = Callable[..., object]
 """``emit(kind, **fields)``: append one event to the turn's spool."""
@@ -40,6 +47,17 @@ class Outcome:
     refusal: Refusal | None = None
     wall_s: float = 0.0
     output_truncated: bool = False
+    cpu_s: float | None = None
+    max_rss_kb: int | None = None
+
+
+@dataclass
+class Gate:
+    """What holds the fence before its command starts: ``--block-fd``, and the limits to apply."""
+
+    block: int
+    """The write end: one byte lets the fence's first process go on to the command."""
+    limits: TurnLimits | None = None
 
 
 @dataclass
@@ -76,9 +94,11 @@ class RunningTurn:
 
     def __init__(
         self, proc: asyncio.subprocess.Process, status_fd: int, emit: Emit,
-        wall_s: float, output_bytes: int,
+        wall_s: float, output_bytes: int, gate: Gate | None = None,
     ) -> None:
         self._proc = proc
+        self._gate = gate
+        self._limit_failure: str | None = None
         self._emit = emit
         self._wall_s = wall_s
         self._output_left = output_bytes
@@ -94,7 +114,7 @@ class RunningTurn:
     @classmethod
     async def start(
         cls, argv: list[str], env: dict[str, str], pass_fds: tuple[int, ...], status_fd: int,
-        stdin_open: bool, emit: Emit, wall_s: float, output_bytes: int,
+        stdin_open: bool, emit: Emit, wall_s: float, output_bytes: int, gate: Gate | None = None,
     ) -> RunningTurn:
         """Spawn ``argv`` (bwrap and its arguments) with pipes for every stream."""
         proc = await asyncio.create_subprocess_exec(
@@ -107,7 +127,7 @@ class RunningTurn:
             start_new_session=True,  # a Ctrl-C at the server's terminal is not the turn's
             close_fds=True,
         )
-        return cls(proc, status_fd, emit, wall_s, output_bytes)
+        return cls(proc, status_fd, emit, wall_s, output_bytes, gate)
 
     @property
     def pid(self) -> int:
@@ -122,18 +142,40 @@ class RunningTurn:
             await asyncio.wait_for(asyncio.shield(self._proc.wait()), self._wall_s)
         except TimeoutError:
             self._timed_out = True
-            self._emit("notice", message=f"wall-time limit of {self._wall_s:g}s reached; killing the turn")
+            self._emit(
+                "notice", message=f"wall-time limit of {self._wall_s:g}s reached; killing the turn"
+            )
             self.kill()
-        await self._proc.wait()
-        await pumps
-        await self._status_task
-        if self._reaper is not None:
-            os.close(self._reaper)
-            self._reaper = None
-        return self._outcome(self._proc.returncode or 0)
+        try:
+            await self._proc.wait()
+            await pumps
+            await self._status_task
+        finally:
+            self._close_gate()
+            if self._reaper is not None:
+                os.close(self._reaper)
+                self._reaper = None
+            usage = await self._release_limits()
+        outcome = self._outcome(self._proc.returncode or 0)
+        outcome.cpu_s, outcome.max_rss_kb = usage.cpu_s, usage.max_rss_kb
+        return outcome
+
+    async def _release_limits(self) -> Usage:
+        limits = self._gate.limits if self._gate is not None else None
+        if limits is None:
+            return Usage()
+        usage = limits.usage()
+        if usage.oom_kills:
+            self._emit("notice", message=f"out of memory: the kernel killed {usage.oom_kills} "
+                       f"process(es) of the turn at its memory limit")
+        await limits.remove()
+        return usage
 
     def _outcome(self, returncode: int) -> Outcome:
         wall = round(time.monotonic() - self._started_at, 6)
+        if self._limit_failure is not None:
+            refusal = refusals.backend_unavailable(self._limit_failure).refusal
+            return Outcome(ExitStatus.REFUSED, None, refusal, wall, self._truncated)
         if self._timed_out:
             return Outcome(ExitStatus.TIMED_OUT, None, None, wall, self._truncated)
         if self._status.exit_code is None and self._killed:
@@ -149,8 +191,13 @@ class RunningTurn:
         tail = self._stderr_tail.decode(errors="replace").strip().splitlines()
         last = tail[-1] if tail else "no message"
         if "execvp" in last:
-            return refusals.not_executable("argv[0]", "", f"could not be executed in the fence ({last})").refusal
-        return refusals.backend_unavailable(f"bubblewrap could not set up the fence: {last}").refusal
+            why = f"could not be executed in the fence ({last})"
+            return refusals.not_executable("argv[0]", "", why).refusal
+        if "Race condition binding dirfd" in last:
+            # bubblewrap saw a held mount source replaced between resolving and mounting it.
+            return refusals.path_changed("fence", "", "").refusal
+        why = f"bubblewrap could not set up the fence: {last}"
+        return refusals.backend_unavailable(why).refusal
 
     async def _pump(self, stream: asyncio.StreamReader | None, kind: str) -> None:
         if stream is None:
@@ -174,7 +221,9 @@ class RunningTurn:
         self._output_left = -1
         if not self._truncated:
             self._truncated = True
-            self._emit("notice", message="output limit reached; output truncated and the turn killed")
+            self._emit(
+                "notice", message="output limit reached; output truncated and the turn killed"
+            )
             self.kill()
         return kept
 
@@ -201,9 +250,32 @@ class RunningTurn:
                 with contextlib.suppress(OSError):
                     self._reaper = os.pidfd_open(self._status.child_pid)
                 self._status.pid_namespace = int(record.get("pid-namespace", 0)) or None
+                self._open_gate(self._status.child_pid)
                 self._status.started.set()
             if "exit-code" in record:
                 self._status.exit_code = int(record["exit-code"])
+
+    def _open_gate(self, sandbox_pid: int) -> None:
+        """Put the blocked fence into its limits, then let it run; a failure kills it unrun."""
+        if self._gate is None:
+            return
+        try:
+            if self._gate.limits is not None:
+                self._gate.limits.place(sandbox_pid)
+        except OSError as exc:
+            self._limit_failure = f"the turn's limits could not be applied; it did not run: {exc}"
+            self.kill()
+            self._close_gate()
+            return
+        with contextlib.suppress(OSError):
+            os.write(self._gate.block, b"\0")
+        self._close_gate()
+
+    def _close_gate(self) -> None:
+        if self._gate is not None and self._gate.block >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._gate.block)
+            self._gate.block = -1
 
     async def running(self) -> bool:
         """Wait until bwrap has reported its child (or died); True if the fence came up."""

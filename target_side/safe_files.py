@@ -22,7 +22,7 @@ class UnsafeFileError(TargetError):
 
 
 def check_ancestors(path: Path) -> None:
-    """Refuse if any directory above ``path`` is group/world-writable without sticky, or foreign-owned."""
+    """Refuse if a directory above ``path`` is others-writable (not sticky) or foreign-owned."""
     trusted = {0, os.getuid()}
     for directory in path.parents:
         st = os.stat(directory)
@@ -45,7 +45,9 @@ def read_private(path: Path, *, allow_group_read: bool = False) -> bytes:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError as exc:
         if exc.errno == 40:  # ELOOP: the last component is a symlink
-            raise UnsafeFileError(f"{path} is a symlink; point the config at the real file") from exc
+            raise UnsafeFileError(
+                f"{path} is a symlink; point the config at the real file"
+            ) from exc
         raise UnsafeFileError(f"cannot open {path}: {exc.strerror}") from exc
     try:
         _check_opened(path, os.fstat(fd), allow_group_read)
@@ -71,7 +73,7 @@ def _check_opened(path: Path, st: os.stat_result, allow_group_read: bool) -> Non
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data``: private temp file, fchmod 0600, fsync, identity check, rename."""
+    """Replace ``path`` with ``data``: private temp, fchmod 0600, fsync, identity check, rename."""
     check_ancestors(path)
     directory = path.parent
     temp = directory / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
@@ -96,7 +98,7 @@ def write_atomic(path: Path, data: bytes) -> None:
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def fsync_dir(directory: Path) -> None:

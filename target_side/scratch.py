@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from target_side.config import Settings
 from target_side.errors import TargetError
 from target_side.forbidden import role_state_dir, scratch_dir
 from target_side.safe_files import fsync_dir
-from target_side.config import Settings
 
 MANIFEST = "manifest.json"
 STAGING_PREFIX = ".staging-"

@@ -57,7 +57,9 @@ class ServerThread:
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((settings.server.host, settings.server.port))
         self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True,
+            target=self._server.run,
+            kwargs={"sockets": [self._socket]},
+            daemon=True,
             name="paddock-target",
         )
         self._scheme = "https" if settings.server.tls_cert else "http"

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-import os
 import shutil
 import uuid
 from dataclasses import dataclass, field
@@ -24,8 +23,9 @@ from target_side import refusals
 from target_side.config import Settings
 from target_side.errors import BackendError, RefusedError, TargetError
 from target_side.health import HealthBoard
-from target_side.launch import LaunchFds, bwrap_argv, find_bwrap, script_fd
+from target_side.launch import find_bwrap, launch_turn
 from target_side.ledger import Ledger
+from target_side.limits import Limiter
 from target_side.plan import FencePlan, plan_turn
 from target_side.runner import Outcome, RunningTurn
 from target_side.scratch import STAGING_PREFIX, FailureHook, Scratch, build_scratch, no_failure, remove_scratch, remove_tree
@@ -80,6 +80,7 @@ class TurnManager:
         self._turns: dict[str, TurnRecord] = {}
         self._idempotency: dict[str, str] = {}
         self._bwrap: str | None = None
+        self.limiter = Limiter.detect()
         self._ledger: Ledger | None = None
         self._failures = 0
 
@@ -177,20 +178,7 @@ class TurnManager:
     async def _spawn(
         self, bwrap: str, plan: FencePlan, scratch: Scratch, spool: EventSpool
     ) -> RunningTurn:
-        status_read, status_write = os.pipe()
-        body_fd = script_fd(plan.script) if plan.script is not None else None
-        fds = LaunchFds(status=status_write, script=body_fd)
-        try:
-            return await RunningTurn.start(
-                bwrap_argv(bwrap, plan, scratch, fds), plan.env, fds.passed(), status_read,
-                plan.stdin_open, spool.append, plan.limits.wall_s, plan.limits.output_mb << 20,
-            )
-        except OSError as exc:
-            os.close(status_read)
-            raise refusals.backend_unavailable(f"could not start bubblewrap: {exc}") from exc
-        finally:
-            for fd in fds.passed():
-                os.close(fd)
+        return await launch_turn(bwrap, plan, scratch, spool.append, self.limiter, self._inject)
 
     async def _follow(self, record: TurnRecord, plan: FencePlan, scratch: Scratch) -> None:
         running = record.running
@@ -211,7 +199,8 @@ class TurnManager:
         state = "refused" if outcome.refusal is not None else "exited"
         record.update(
             state=state, exit_code=outcome.exit_code, signal=outcome.signal,
-            refusal=outcome.refusal, ended_at=now(), usage=Usage(wall_s=outcome.wall_s),
+            refusal=outcome.refusal, ended_at=now(),
+            usage=Usage(wall_s=outcome.wall_s, cpu_s=outcome.cpu_s, max_rss_kb=outcome.max_rss_kb),
             output_truncated=outcome.output_truncated,
         )
         record.running = None

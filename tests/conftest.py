@@ -58,14 +58,19 @@ def make_settings(root: Path, ca: trustme.CA, **role_overrides: object) -> Setti
     cert.private_key_pem.write_to_path(str(key_file))
     limits = role_overrides.pop("limits", RoleLimits(wall_s=60))
     builder = RoleConfig(
-        token_sha256=sha(BUILDER_TOKEN), workspaces=(canonical_path(workspace),), limits=limits,
+        token_sha256=sha(BUILDER_TOKEN),
+        workspaces=(canonical_path(workspace),),
+        limits=limits,
         **role_overrides,
     )
     other = RoleConfig(token_sha256=sha(OTHER_TOKEN), workspaces=(canonical_path(workspace),))
     return Settings(
         server=ServerConfig(
-            listen="127.0.0.1:0", tls_cert=str(cert_file), tls_key=str(key_file),
-            state_root=str(root / "state"), heartbeat_s=1.0,
+            listen="127.0.0.1:0",
+            tls_cert=str(cert_file),
+            tls_key=str(key_file),
+            state_root=str(root / "state"),
+            heartbeat_s=1.0,
         ),
         roles={"builder": builder, "other": other},
     )
@@ -102,12 +107,14 @@ def submit(client: httpx.Client, **request: object) -> Turn:
 def events(client: httpx.Client, turn_id: str, after: int = 0, **params: object) -> list[Event]:
     """Every event of the stream, parsed from the SSE frames."""
     found = []
-    with client.stream("GET", f"/v1/turns/{turn_id}/events", params={"after": after, **params}) as r:
+    with client.stream(
+        "GET", f"/v1/turns/{turn_id}/events", params={"after": after, **params}
+    ) as r:
         assert r.status_code == 200, r.read()
         assert r.headers["content-type"].startswith("text/event-stream")
         for line in r.iter_lines():
             if line.startswith("data: "):
-                found.append(EVENTS.validate_json(line[len("data: "):]))
+                found.append(EVENTS.validate_json(line[len("data: ") :]))
     return found
 
 

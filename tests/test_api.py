@@ -1,10 +1,9 @@
-"""The HTTP surface: authentication, and bad input answered by problem+json with nothing launched."""
+"""The HTTP surface: authentication, and bad input answered by problem+json, launching nothing."""
 
 from __future__ import annotations
 
 import httpx
 import pytest
-
 from conftest import OTHER_TOKEN, Target
 
 
@@ -58,7 +57,11 @@ def test_turn_of_another_role_is_not_visible(target: Target, client: httpx.Clien
 
 def test_malformed_json_is_400(target: Target, client: httpx.Client) -> None:
     before = _scratch_names(target)
-    response = client.post("/v1/turns", content=b'{"role": "builder", "argv": [', headers={"content-type": "application/json"})
+    response = client.post(
+        "/v1/turns",
+        content=b'{"role": "builder", "argv": [',
+        headers={"content-type": "application/json"},
+    )
     _problem(response, 400)
     _launched_nothing(target, before)
 
@@ -90,7 +93,9 @@ def test_unknown_turn_is_404(client: httpx.Client) -> None:
     _problem(client.post("/v1/turns/t-" + "0" * 32 + "/signal", json={"signal": "INT"}), 404)
 
 
-def test_body_over_one_mib_is_413_and_server_keeps_serving(target: Target, client: httpx.Client) -> None:
+def test_body_over_one_mib_is_413_and_server_keeps_serving(
+    target: Target, client: httpx.Client
+) -> None:
     before = _scratch_names(target)
     huge = {"role": "builder", "argv": ["echo", "x" * (1 << 20)]}
     _problem(client.post("/v1/turns", json=huge), 413)
@@ -102,7 +107,10 @@ def test_body_over_one_mib_is_413_and_server_keeps_serving(target: Target, clien
         yield b'"]}'
 
     # Streamed without a Content-Length: the limit is enforced while reading.
-    _problem(client.post("/v1/turns", content=chunks(), headers={"content-type": "application/json"}), 413)
+    _problem(
+        client.post("/v1/turns", content=chunks(), headers={"content-type": "application/json"}),
+        413,
+    )
     _launched_nothing(target, before)
     assert client.get("/v1/health").status_code == 200
     assert client.post("/v1/turns", json={"role": "builder", "argv": ["true"]}).status_code == 201

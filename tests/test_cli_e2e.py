@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import BUILDER_TOKEN, Target, processes_with, wait_until
 
 CLI = [sys.executable, "-m", "agent_side.cli"]
@@ -21,14 +20,24 @@ def _env(target: Target | None = None, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PADDOCK_")}
     env["PYTHONPATH"] = str(REPO)
     if target is not None:
-        env |= {"PADDOCK_TARGET": target.url, "PADDOCK_CACERT": target.cacert,
-                "PADDOCK_TOKEN": BUILDER_TOKEN, "PADDOCK_ROLE": "builder"}
+        env |= {
+            "PADDOCK_TARGET": target.url,
+            "PADDOCK_CACERT": target.cacert,
+            "PADDOCK_TOKEN": BUILDER_TOKEN,
+            "PADDOCK_ROLE": "builder",
+        }
     return env | extra
 
 
-def paddock(*args: str, target: Target | None = None, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[bytes]:
+def paddock(
+    *args: str, target: Target | None = None, cwd: Path | None = None, **env: str
+) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(
-        [*CLI, *args], env=_env(target, **env), capture_output=True, timeout=60, cwd=cwd,
+        [*CLI, *args],
+        env=_env(target, **env),
+        capture_output=True,
+        timeout=60,
+        cwd=cwd,
         stdin=subprocess.DEVNULL,
     )
 
@@ -91,8 +100,11 @@ def test_run_untrusted_certificate_is_125_naming_tls(target: Target, tmp_path: P
 def test_run_ctrl_c_is_forwarded_to_the_turn(target: Target) -> None:
     marker = "321.5"
     with subprocess.Popen(
-        [*CLI, "run", "--", "sh", "-c", f"echo ready; sleep {marker}"], env=_env(target),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+        [*CLI, "run", "--", "sh", "-c", f"echo ready; sleep {marker}"],
+        env=_env(target),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
     ) as proc:
         assert proc.stdout is not None
         assert proc.stdout.readline() == b"ready\n"
@@ -104,8 +116,10 @@ def test_run_ctrl_c_is_forwarded_to_the_turn(target: Target) -> None:
 
 def test_run_output_is_streamed_as_it_arrives(target: Target) -> None:
     with subprocess.Popen(
-        [*CLI, "run", "--", "sh", "-c", "echo first; sleep 3; echo second"], env=_env(target),
-        stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+        [*CLI, "run", "--", "sh", "-c", "echo first; sleep 3; echo second"],
+        env=_env(target),
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
     ) as proc:
         assert proc.stdout is not None
         started = time.monotonic()
@@ -118,7 +132,9 @@ def test_run_output_is_streamed_as_it_arrives(target: Target) -> None:
 
 
 @pytest.mark.parametrize("command", [["sh", "-c", "id -u; ls /; echo fenced"]])
-def test_run_local_starts_and_removes_an_embedded_target(tmp_path: Path, command: list[str]) -> None:
+def test_run_local_starts_and_removes_an_embedded_target(
+    tmp_path: Path, command: list[str]
+) -> None:
     workspace = tmp_path / "project"
     workspace.mkdir()
     before = set(os.listdir("/tmp"))

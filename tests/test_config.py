@@ -1,4 +1,4 @@
-"""The target's config: parsing errors that name the key, and safe check/apply/mint (seed 003, D4)."""
+"""The target's config: errors that name the key, and safe check/apply/mint (seed 003, D4)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import sha
+
 from shared.walk import canonical_path
 from target_side import config_file
 from target_side.config import load_settings, parse_settings
@@ -116,7 +116,7 @@ def test_config_apply_installs_atomically_with_mode_0600(root: Path) -> None:
 def test_config_apply_refuses_a_bad_file_and_keeps_the_old(root: Path) -> None:
     source = _write(root / "new.toml", _config_text(root, "typo = true\n"))
     dest = _write(root / "target.toml", "old = 1\n")
-    with pytest.raises(ConfigError, match="server.typo"):
+    with pytest.raises(ConfigError, match=r"server\.typo"):
         config_file.apply(source, dest)
     assert dest.read_text() == "old = 1\n"
 

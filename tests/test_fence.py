@@ -7,8 +7,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from conftest import Target, events, output, processes_with, run, submit, wait_until
+
 from shared.walk import canonical_path
 
 
@@ -36,7 +36,9 @@ def test_fs_read_inside_forbidden_path_is_refused(client: httpx.Client, target: 
     assert rule == "forbidden-path"
 
 
-def test_fs_read_of_parent_of_forbidden_path_is_refused(client: httpx.Client, target: Target) -> None:
+def test_fs_read_of_parent_of_forbidden_path_is_refused(
+    client: httpx.Client, target: Target
+) -> None:
     # /etc holds /etc/shadow: binding it would expose the secret inside.
     assert _refused_without_launch(client, target, fs={"read": ["/etc"]}) == "forbidden-path"
 
@@ -47,7 +49,9 @@ def test_fs_read_through_a_symlink_to_forbidden_path_is_refused(
     link = target.workspace / "innocent-looking"
     link.unlink(missing_ok=True)
     link.symlink_to("/etc/shadow")
-    response = client.post("/v1/turns", json={"role": "builder", "argv": ["true"], "fs": {"read": [str(link)]}})
+    response = client.post(
+        "/v1/turns", json={"role": "builder", "argv": ["true"], "fs": {"read": [str(link)]}}
+    )
     refusal = response.json()["refusal"]
     assert refusal["rule"] == "forbidden-path"
     assert refusal["path"] == str(link)
@@ -80,10 +84,14 @@ def test_cwd_outside_workspace_is_refused(client: httpx.Client, target: Target) 
 
 
 def test_fs_write_outside_workspace_is_refused(client: httpx.Client, target: Target) -> None:
-    assert _refused_without_launch(client, target, fs={"write": ["/var/tmp"]}) == "outside-workspace"
+    assert (
+        _refused_without_launch(client, target, fs={"write": ["/var/tmp"]}) == "outside-workspace"
+    )
 
 
-def test_cwd_escaping_workspace_through_symlink_is_refused(client: httpx.Client, target: Target) -> None:
+def test_cwd_escaping_workspace_through_symlink_is_refused(
+    client: httpx.Client, target: Target
+) -> None:
     link = target.workspace / "escape"
     link.unlink(missing_ok=True)
     link.symlink_to("/usr/share")
@@ -95,7 +103,9 @@ def test_network_for_role_without_it_is_refused(client: httpx.Client, target: Ta
 
 
 def test_limit_above_role_maximum_is_refused(client: httpx.Client, target: Target) -> None:
-    assert _refused_without_launch(client, target, limits={"wall_s": 10_000}) == "limit-exceeds-role"
+    assert (
+        _refused_without_launch(client, target, limits={"wall_s": 10_000}) == "limit-exceeds-role"
+    )
 
 
 def test_reserved_env_name_is_refused(client: httpx.Client, target: Target) -> None:
@@ -115,7 +125,7 @@ def test_fence_runs_as_non_root_without_capabilities(client: httpx.Client) -> No
 
 
 def test_fence_system_dirs_are_read_only(client: httpx.Client) -> None:
-    turn, evs = run(client, ["sh", "-c", "touch /usr/paddock-probe 2>&1; echo rc=$?"])
+    _, evs = run(client, ["sh", "-c", "touch /usr/paddock-probe 2>&1; echo rc=$?"])
     assert "rc=0" not in output(evs)
     assert not os.path.exists("/usr/paddock-probe")
 
@@ -123,14 +133,18 @@ def test_fence_system_dirs_are_read_only(client: httpx.Client) -> None:
 def test_fence_remount_read_only_bind_writable_fails(client: httpx.Client, tmp_path: Path) -> None:
     shared_dir = Path(canonical_path(tmp_path)) / "ro"
     shared_dir.mkdir()
-    script = f"mount -o remount,bind,rw {shared_dir} 2>&1; echo rc=$?; echo x > {shared_dir}/planted"
+    script = (
+        f"mount -o remount,bind,rw {shared_dir} 2>&1; echo rc=$?; echo x > {shared_dir}/planted"
+    )
     _, evs = run(client, ["sh", "-c", script], fs={"read": [str(shared_dir)]})
     assert "rc=0" not in output(evs)
     assert not (shared_dir / "planted").exists()
 
 
 def test_fence_cwd_is_writable_and_tmp_is_private(client: httpx.Client, target: Target) -> None:
-    _, evs = run(client, ["sh", "-c", "pwd; echo hi > made-here; echo private > /tmp/only-in-fence; ls /tmp"])
+    _, evs = run(
+        client, ["sh", "-c", "pwd; echo hi > made-here; echo private > /tmp/only-in-fence; ls /tmp"]
+    )
     lines = output(evs).splitlines()
     assert lines[0] == str(target.workspace)
     assert (target.workspace / "made-here").read_text() == "hi\n"
@@ -157,8 +171,21 @@ def test_fence_env_is_the_allowlist(client: httpx.Client, target: Target) -> Non
     # Written by hand, not derived from the code: an allowlist no test names is one edit
     # away from being a denylist.
     permitted = {
-        "PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "COLORTERM", "TMPDIR",
-        "LANG", "LC_ALL", "PADDOCK_TURN_ID", "DECLARED", "PWD", "SHLVL", "_",
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "SHELL",
+        "TERM",
+        "COLORTERM",
+        "TMPDIR",
+        "LANG",
+        "LC_ALL",
+        "PADDOCK_TURN_ID",
+        "DECLARED",
+        "PWD",
+        "SHLVL",
+        "_",
     }
     assert names <= permitted, names - permitted
     values = dict(line.split("=", 1) for line in output(evs).splitlines())
@@ -175,12 +202,15 @@ def test_fence_git_hooks_stay_read_only(client: httpx.Client, target: Target) ->
     assert not (hooks / "pre-commit").exists()
 
 
-def test_fence_fs_read_is_visible_read_only(client: httpx.Client, target: Target, tmp_path: Path) -> None:
+def test_fence_fs_read_is_visible_read_only(
+    client: httpx.Client, target: Target, tmp_path: Path
+) -> None:
     shared_dir = Path(canonical_path(tmp_path)) / "shared"
     shared_dir.mkdir()
     (shared_dir / "data.txt").write_text("readable\n")
     _, evs = run(
-        client, ["sh", "-c", f"cat {shared_dir}/data.txt; echo x > {shared_dir}/new 2>&1; echo rc=$?"],
+        client,
+        ["sh", "-c", f"cat {shared_dir}/data.txt; echo x > {shared_dir}/new 2>&1; echo rc=$?"],
         fs={"read": [str(shared_dir)]},
     )
     text = output(evs)
@@ -189,7 +219,9 @@ def test_fence_fs_read_is_visible_read_only(client: httpx.Client, target: Target
     assert not (shared_dir / "new").exists()
 
 
-def test_fs_read_of_a_unix_socket_is_refused(client: httpx.Client, target: Target, tmp_path: Path) -> None:
+def test_fs_read_of_a_unix_socket_is_refused(
+    client: httpx.Client, target: Target, tmp_path: Path
+) -> None:
     import socket
 
     path = Path(canonical_path(tmp_path)) / "control.sock"
@@ -201,15 +233,24 @@ def test_fs_read_of_a_unix_socket_is_refused(client: httpx.Client, target: Targe
 
 def test_plan_reports_the_fence_without_launching(client: httpx.Client, target: Target) -> None:
     marker = target.workspace / "plan-marker"
-    body = {"role": "builder", "argv": ["touch", str(marker)], "env": {"TOKEN": "value-not-shown"},
-            "fs": {"read": ["/usr/share"]}}
+    body = {
+        "role": "builder",
+        "argv": ["touch", str(marker)],
+        "env": {"TOKEN": "value-not-shown"},
+        "fs": {"read": ["/usr/share"]},
+    }
     response = client.post("/v1/plan", json=body)
     assert response.status_code == 200
     plan = response.json()
     assert plan["exit_code"] == 0 and plan["refusal"] is None
     fence = plan["fence"]
     assert fence["executable"]["path"] == "/usr/bin/touch"
-    assert {"kind": "ro", "source": "/usr/share", "dest": "/usr/share", "subject": "fs.read[0]"} in fence["mounts"]
+    assert {
+        "kind": "ro",
+        "source": "/usr/share",
+        "dest": "/usr/share",
+        "subject": "fs.read[0]",
+    } in fence["mounts"]
     assert any(m["kind"] == "rw" and m["source"] == str(target.workspace) for m in fence["mounts"])
     assert "TOKEN" in fence["env_names"]
     assert "value-not-shown" not in response.text
@@ -218,19 +259,34 @@ def test_plan_reports_the_fence_without_launching(client: httpx.Client, target: 
 
 
 def test_plan_reports_a_refusal(client: httpx.Client) -> None:
-    plan = client.post("/v1/plan", json={"role": "builder", "argv": ["cat"], "fs": {"read": ["/etc/shadow"]}}).json()
+    plan = client.post(
+        "/v1/plan", json={"role": "builder", "argv": ["cat"], "fs": {"read": ["/etc/shadow"]}}
+    ).json()
     assert plan["fence"] is None
     assert plan["refusal"]["rule"] == "forbidden-path"
     assert plan["exit_code"] == 126
 
 
 HOSTILE_ENV = {
-    "BASH_ENV": "/tmp/evil.sh", "ENV": "/tmp/evil.sh", "LD_PRELOAD": "/tmp/evil.so",
-    "LD_LIBRARY_PATH": "/tmp/evil", "LD_AUDIT": "/tmp/evil.so", "PYTHONPATH": "/tmp/evil",
-    "PYTHONSTARTUP": "/tmp/evil.py", "PYTHONHOME": "/tmp/evil", "NODE_OPTIONS": "--require /tmp/evil.js",
-    "NPM_CONFIG_PREFIX": "/tmp/evil", "PERL5OPT": "-Mevil", "PERL5LIB": "/tmp/evil", "RUBYOPT": "-revil",
-    "GIT_CONFIG_GLOBAL": "/tmp/evil.gitconfig", "GIT_SSH_COMMAND": "evil", "AWS_SECRET_ACCESS_KEY": "hostile-aws",
-    "GITHUB_TOKEN": "hostile-gh", "SSH_AUTH_SOCK": "/tmp/hostile-agent.sock", "PROMPT_COMMAND": "evil",
+    "BASH_ENV": "/tmp/evil.sh",
+    "ENV": "/tmp/evil.sh",
+    "LD_PRELOAD": "/tmp/evil.so",
+    "LD_LIBRARY_PATH": "/tmp/evil",
+    "LD_AUDIT": "/tmp/evil.so",
+    "PYTHONPATH": "/tmp/evil",
+    "PYTHONSTARTUP": "/tmp/evil.py",
+    "PYTHONHOME": "/tmp/evil",
+    "NODE_OPTIONS": "--require /tmp/evil.js",
+    "NPM_CONFIG_PREFIX": "/tmp/evil",
+    "PERL5OPT": "-Mevil",
+    "PERL5LIB": "/tmp/evil",
+    "RUBYOPT": "-revil",
+    "GIT_CONFIG_GLOBAL": "/tmp/evil.gitconfig",
+    "GIT_SSH_COMMAND": "evil",
+    "AWS_SECRET_ACCESS_KEY": "hostile-aws",
+    "GITHUB_TOKEN": "hostile-gh",
+    "SSH_AUTH_SOCK": "/tmp/hostile-agent.sock",
+    "PROMPT_COMMAND": "evil",
     "IFS": "x",
 }
 
@@ -241,9 +297,12 @@ def test_fence_env_hostile_server_env_never_arrives(
     for name, value in HOSTILE_ENV.items():
         monkeypatch.setenv(name, value)
     marker = "341.5"
-    turn = submit(client, argv=["sh", "-c", f"env; echo ---; cat /proc/*/environ | tr '\\0' '\\n'; sleep {marker}"])
+    turn = submit(
+        client,
+        argv=["sh", "-c", f"env; echo ---; cat /proc/*/environ | tr '\\0' '\\n'; sleep {marker}"],
+    )
     assert wait_until(lambda: bool(processes_with("sleep", marker)))
-    bwrap_envs = [_environ(pid) for pid in _bwrap_pids_of(turn.turn_id)]
+    bwrap_envs = [_environ(pid) for pid in _bwrap_pids_of(marker)]
     client.post(f"/v1/turns/{turn.turn_id}/signal", json={"signal": "KILL"})
     text = output(events(client, turn.turn_id))
     names = {line.split("=", 1)[0] for line in text.splitlines() if "=" in line}
@@ -255,16 +314,15 @@ def test_fence_env_hostile_server_env_never_arrives(
         assert not set(env) & set(HOSTILE_ENV)
 
 
-def _bwrap_pids_of(turn_id: str) -> list[int]:
+def _bwrap_pids_of(marker: str) -> list[int]:
+    """The bwrap processes above the turn's ``sleep MARKER``: walk up its parents."""
     found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if cmdline[0].endswith(b"bwrap") and any(turn_id.encode() in arg for arg in cmdline):
-                found.append(int(entry))
+    pid = processes_with("sleep", marker)[0]
+    while pid > 1:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if cmdline[0].endswith(b"bwrap"):
+            found.append(pid)
+        pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     return found
 
 

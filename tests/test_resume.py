@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import random
 import socket
@@ -10,9 +11,9 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from conftest import BUILDER_TOKEN, Target
 
 from agent_side.client import TargetClient
-from conftest import BUILDER_TOKEN, Target
 from shared.wire import TurnRequest
 
 
@@ -60,12 +61,10 @@ class CuttingProxy:
         except OSError:
             pass
         finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                s.close()
+            for end in (src, dst):
+                with contextlib.suppress(OSError):
+                    end.shutdown(socket.SHUT_RDWR)
+                end.close()
 
     def close(self) -> None:
         self._stop.set()
@@ -81,13 +80,21 @@ def proxy(target: Target) -> Iterator[CuttingProxy]:
     p.close()
 
 
-def test_follow_through_dropped_connections_delivers_every_byte_once(target: Target, proxy: CuttingProxy) -> None:
+def test_follow_through_dropped_connections_delivers_every_byte_once(
+    target: Target, proxy: CuttingProxy
+) -> None:
     count = 1_500_000  # `seq` prints about 10.9 MB
-    expected = hashlib.sha256(subprocess.run(["seq", str(count)], capture_output=True, check=True).stdout)
+    expected = hashlib.sha256(
+        subprocess.run(["seq", str(count)], capture_output=True, check=True).stdout
+    )
     got = hashlib.sha256()
     seqs: list[int] = []
-    with TargetClient(f"https://127.0.0.1:{proxy.port}", BUILDER_TOKEN, cacert=target.cacert) as client:
-        turn = client.submit(TurnRequest(role="builder", argv=["seq", str(count)]), idempotency_key="resume-test")
+    with TargetClient(
+        f"https://127.0.0.1:{proxy.port}", BUILDER_TOKEN, cacert=target.cacert
+    ) as client:
+        turn = client.submit(
+            TurnRequest(role="builder", argv=["seq", str(count)]), idempotency_key="resume-test"
+        )
         for event in client.follow(turn.turn_id):
             seqs.append(event.seq)
             if event.kind == "stdout":

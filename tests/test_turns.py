@@ -7,7 +7,6 @@ import threading
 import time
 
 import httpx
-
 from conftest import Target, events, finished, output, processes_with, run, submit, wait_until
 
 
@@ -17,7 +16,7 @@ def test_turn_streams_stdout_stderr_and_exit_status(client: httpx.Client) -> Non
     assert turn.exit_code == 3
     assert output(evs) == "out\nno newline"
     assert output(evs, "stderr") == "err\n"
-    assert [e.kind for e in evs][0] == "started"
+    assert evs[0].kind == "started"
     assert evs[-1].kind == "exit"
     assert [e.seq for e in evs] == list(range(1, len(evs) + 1))
 
@@ -28,7 +27,8 @@ def test_turn_output_that_is_not_utf8_arrives_as_bytes(client: httpx.Client) -> 
     _, evs = run(client, ["printf", "\\377\\376ok"])
     raw = b"".join(
         base64.b64decode(e.data_b64) if e.data_b64 else e.data.encode()
-        for e in evs if e.kind == "stdout"
+        for e in evs
+        if e.kind == "stdout"
     )
     assert raw == b"\xff\xfeok"
 
@@ -103,7 +103,7 @@ def test_events_resume_after_seq_gives_exactly_the_missing_events(client: httpx.
     assert len(evs) >= 3
     for cut in range(len(evs)):
         resumed = events(client, turn.turn_id, after=evs[cut].seq)
-        assert resumed == evs[cut + 1:]
+        assert resumed == evs[cut + 1 :]
 
 
 def test_events_last_event_id_header_works_like_after(client: httpx.Client) -> None:

@@ -1,0 +1,366 @@
+"""Running turns from Python: what ``paddock run`` does, as a library.
+
+    from agent_side import Target
+
+    with Target.ssh("ci@build-host", token=token) as target:      # one SSH connection
+        result = target.run(["make", "test"], cwd="/srv/work/repo")
+        result.exit_code, result.stdout, result.stderr, result.refusal
+
+    with Target.https("https://build-host:8443", token=token, cacert="ca.pem") as target:
+        ...
+
+    async with AsyncTarget.ssh("ci@build-host", token=token) as target:
+        result = await target.run(["make"])
+
+``exit_code`` follows DESIGN.md exactly as the CLI's status does (124 timed out,
+126 refused, 127 not found, 128+N signal). Where the CLI would exit 125,
+``run`` raises the ``AgentError`` instead: paddock failed, not the command.
+
+The async flavour runs the same synchronous client on worker threads. paramiko
+is blocking and runs its own thread per connection, so an asyncio network
+backend would still end in blocking channel calls; sharing one implementation
+keeps resume, idempotent submission and exit statuses identical in both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+
+from agent_side.client import DEFAULT_TIMEOUT, TargetClient, is_loopback, tls_context
+from agent_side.errors import AgentError, UsageError
+from agent_side.ssh import (
+    USER_SSH_CONFIG,
+    Destination,
+    PassphraseSource,
+    SshConnection,
+    SshOptions,
+    SshTimeouts,
+    resolve,
+)
+from agent_side.tunnel import SshTransport
+from agent_side.turns import drive, new_request, output_bytes
+from shared.wire import Event, Health, OutputEvent, Refusal, Turn, TurnRequest
+
+DEFAULT_ROLE = "default"
+DEFAULT_SSH_TARGET = "http://127.0.0.1:8443"
+"""The target's listener as seen from the SSH server: paddock-target's default address."""
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """How a turn ended: its status, its whole output, and the target's record of it."""
+
+    exit_code: int
+    stdout: bytes = field(repr=False)
+    stderr: bytes = field(repr=False)
+    turn: Turn
+    refusal: Refusal | None
+    """Why the fence refused the turn (``exit_code`` 126, or 127 for not-found), else None."""
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+class Target:
+    """A paddock target, reached over HTTPS or through one SSH connection.
+
+    Every turn and request of this object shares one HTTP connection pool, and
+    for ``ssh`` one SSH connection under it: no turn pays a handshake.
+    Thread-safe; use as a context manager, or ``close()`` it.
+    """
+
+    def __init__(
+        self,
+        client: TargetClient,
+        *,
+        role: str = DEFAULT_ROLE,
+        ssh: SshConnection | None = None,
+    ) -> None:
+        self._client = client
+        self._role = role
+        self._ssh = ssh
+
+    @classmethod
+    def https(
+        cls,
+        url: str,
+        *,
+        token: str | None,
+        cacert: str | None = None,
+        role: str = DEFAULT_ROLE,
+        timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+    ) -> Target:
+        """The target listening at ``url`` (``https://``, or ``http://`` on loopback only)."""
+        return cls(TargetClient(url, token, cacert=cacert, timeout=timeout), role=role)
+
+    @classmethod
+    def ssh(
+        cls,
+        destination: str,
+        *,
+        token: str | None,
+        url: str = DEFAULT_SSH_TARGET,
+        cacert: str | None = None,
+        role: str = DEFAULT_ROLE,
+        identity_files: Sequence[str] = (),
+        known_hosts: Sequence[str] = (),
+        passphrase: str | PassphraseSource | None = None,
+        ssh_config: str | None = USER_SSH_CONFIG,
+        use_agent: bool = True,
+        timeouts: SshTimeouts | None = None,
+        timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+    ) -> Target:
+        """The target whose listener is ``url`` as seen from the SSH server ``destination``.
+
+        ``destination`` is ``[USER@]HOST[:PORT]``, HOST possibly an alias from
+        ``ssh_config``. Connects at once, so an unknown host, a changed host key
+        or rejected keys are raised here, before any turn.
+        """
+        _refuse_plain_http_off_loopback(url)
+        options = SshOptions(
+            identity_files=tuple(identity_files),
+            known_hosts=tuple(known_hosts),
+            ssh_config=ssh_config,
+            use_agent=use_agent,
+            passphrase=_passphrase_source(passphrase),
+            timeouts=timeouts or SshTimeouts(),
+        )
+        connection = SshConnection(resolve(Destination.parse(destination), options), options)
+        connection.connect()
+        try:
+            context = tls_context(cacert) if url.startswith("https:") else None
+            transport = SshTransport(connection, ssl_context=context)
+            client = TargetClient(url, token, transport=transport, timeout=timeout)
+        except BaseException:
+            connection.close()
+            raise
+        return cls(client, role=role, ssh=connection)
+
+    @property
+    def role(self) -> str:
+        """The role turns run as unless ``run`` names another."""
+        return self._role
+
+    @property
+    def client(self) -> TargetClient:
+        """The API client underneath, for what ``run`` does not cover (signals, events)."""
+        return self._client
+
+    @property
+    def ssh_connection(self) -> SshConnection | None:
+        """The SSH connection every request goes through, or None over HTTPS."""
+        return self._ssh
+
+    def __repr__(self) -> str:
+        via = f" via {self._ssh.endpoint}" if self._ssh is not None else ""
+        return f"Target({self._client.base_url!r}{via}, role={self._role!r})"
+
+    def health(self) -> Health:
+        """The target's health (no token needed)."""
+        return self._client.health()
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        read: Sequence[str] = (),
+        write: Sequence[str] = (),
+        network: bool = False,
+        timeout: float | None = None,
+        role: str | None = None,
+        on_event: Callable[[Event], None] | None = None,
+    ) -> RunResult:
+        """Run ``argv`` as one turn and wait for it; paths are absolute paths on the target.
+
+        ``on_event`` sees every event once, as it arrives (output included).
+        """
+        request = new_request(
+            role=role or self._role, argv=argv, cwd=cwd, env=env, read=read, write=write,
+            network=network, wall_s=timeout,
+        )
+        return self.run_request(request, on_event=on_event)
+
+    def run_request(
+        self,
+        request: TurnRequest,
+        *,
+        on_event: Callable[[Event], None] | None = None,
+        on_submitted: Callable[[str], None] | None = None,
+    ) -> RunResult:
+        """Run a prepared ``TurnRequest``; ``on_submitted`` gets the turn id once it exists."""
+        output = _Collector(on_event)
+        finished = drive(self._client, request, output.event, on_submitted)
+        return RunResult(
+            exit_code=finished.exit_status,
+            stdout=bytes(output.stdout),
+            stderr=bytes(output.stderr),
+            turn=finished.turn,
+            refusal=finished.turn.refusal,
+        )
+
+    def close(self) -> None:
+        """Close the HTTP pool, then the SSH connection under it."""
+        try:
+            self._client.close()
+        finally:
+            if self._ssh is not None:
+                self._ssh.close()
+
+    def __enter__(self) -> Target:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class AsyncTarget:
+    """``Target`` for asyncio code: the same client, driven from worker threads.
+
+    Opens on ``async with`` (or ``await open()``). Turns run concurrently, up to
+    ``max_concurrent_turns`` at once. Cancelling a ``run`` kills its turn on the
+    target (KILL), so nothing keeps running that nobody waits for; ``on_event``
+    is called on a worker thread.
+    """
+
+    def __init__(self, opener: Callable[[], Target], *, max_concurrent_turns: int = 16) -> None:
+        self._opener = opener
+        self._target: Target | None = None
+        # Its own threads: asyncio's default executor has only cpu_count + 4 of them.
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max_concurrent_turns + 1, thread_name_prefix="paddock-async"
+        )
+
+    @classmethod
+    def https(cls, url: str, **options: Any) -> AsyncTarget:
+        """Like ``Target.https`` (same options); connects on entering."""
+        return cls(functools.partial(Target.https, url, **options))
+
+    @classmethod
+    def ssh(cls, destination: str, **options: Any) -> AsyncTarget:
+        """Like ``Target.ssh`` (same options); the SSH connection is made on entering."""
+        return cls(functools.partial(Target.ssh, destination, **options))
+
+    @property
+    def target(self) -> Target:
+        """The synchronous ``Target`` underneath (once open)."""
+        if self._target is None:
+            raise RuntimeError("this AsyncTarget is not open; use 'async with' or 'await open()'")
+        return self._target
+
+    async def open(self) -> AsyncTarget:
+        if self._target is None:
+            self._target = await self._call(self._opener)
+        return self
+
+    async def health(self) -> Health:
+        return await self._call(self.target.health)
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        read: Sequence[str] = (),
+        write: Sequence[str] = (),
+        network: bool = False,
+        timeout: float | None = None,
+        role: str | None = None,
+        on_event: Callable[[Event], None] | None = None,
+    ) -> RunResult:
+        """Like ``Target.run``, awaited; cancelling it kills the turn."""
+        request = new_request(
+            role=role or self.target.role, argv=argv, cwd=cwd, env=env, read=read, write=write,
+            network=network, wall_s=timeout,
+        )
+        return await self.run_request(request, on_event=on_event)
+
+    async def run_request(
+        self, request: TurnRequest, *, on_event: Callable[[Event], None] | None = None
+    ) -> RunResult:
+        """Like ``Target.run_request``, awaited; cancelling it kills the turn."""
+        target = self.target
+        submitted: list[str] = []
+        work = functools.partial(
+            target.run_request, request, on_event=on_event, on_submitted=submitted.append
+        )
+        try:
+            return await self._call(work)
+        except asyncio.CancelledError:
+            if submitted:
+                with contextlib.suppress(AgentError, RuntimeError):
+                    await asyncio.shield(self._call(target.client.signal, submitted[0], "KILL"))
+            raise
+
+    async def aclose(self) -> None:
+        target, self._target = self._target, None
+        if target is not None:
+            await self._call(target.close)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def __aenter__(self) -> AsyncTarget:
+        return await self.open()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def _call(self, function: Callable[..., _T], *args: object) -> _T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, functools.partial(function, *args))
+
+
+class _Collector:
+    def __init__(self, on_event: Callable[[Event], None] | None) -> None:
+        self._on_event = on_event
+        self.stdout = bytearray()
+        self.stderr = bytearray()
+
+    def event(self, event: Event) -> None:
+        if isinstance(event, OutputEvent):
+            (self.stdout if event.kind == "stdout" else self.stderr).extend(output_bytes(event))
+        if self._on_event is not None:
+            self._on_event(event)
+
+
+def _passphrase_source(passphrase: str | PassphraseSource | None) -> PassphraseSource | None:
+    if isinstance(passphrase, str):
+        secret = passphrase
+        return lambda _path: secret
+    return passphrase
+
+
+def _refuse_plain_http_off_loopback(url: str) -> None:
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise UsageError(f"target URL {url!r} is not a URL: {exc}") from exc
+    host = parsed.host
+    if parsed.scheme == "http" and not is_loopback(host):
+        raise UsageError(
+            f"refusing plain HTTP from the SSH server to {host}: the token would cross the "
+            "network unencrypted; name a loopback listener or use https://"
+        )

@@ -1,0 +1,105 @@
+"""One turn, from request to final status: the part the CLI and the Python API share.
+
+``drive`` submits with an idempotency key, follows the event stream to its
+terminal event (resuming by cursor through dropped connections), and reads the
+turn's final state; ``exit_status`` turns that into DESIGN.md's status. Both
+callers go through here, so ``paddock run`` and ``Target.run`` cannot disagree.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from agent_side.client import TargetClient
+from agent_side.errors import ProtocolError, TurnLost, UsageError
+from shared.wire import TERMINAL_KINDS, Event, FsAccess, Limits, OutputEvent, Turn, TurnRequest
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A turn that has ended, and the terminal event that said so (if one came)."""
+
+    turn: Turn
+    terminal: Event | None
+
+    @property
+    def exit_status(self) -> int:
+        return exit_status(self.turn, self.terminal)
+
+
+def new_request(
+    *,
+    role: str,
+    argv: Sequence[str],
+    cwd: str | None = None,
+    env: Mapping[str, str] | None = None,
+    read: Sequence[str] = (),
+    write: Sequence[str] = (),
+    network: bool = False,
+    wall_s: float | None = None,
+) -> TurnRequest:
+    """A validated TurnRequest; whatever the contract rejects is a ``UsageError`` naming it."""
+    try:
+        return TurnRequest(
+            role=role,
+            argv=list(argv),
+            cwd=cwd,
+            env=dict(env or {}),
+            fs=FsAccess(read=list(read), write=list(write)),
+            network="host" if network else "none",
+            limits=Limits(wall_s=wall_s),
+        )
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']}" for e in exc.errors()
+        )
+        raise UsageError(f"the request is not valid: {problems}") from exc
+
+
+def drive(
+    client: TargetClient,
+    request: TurnRequest,
+    on_event: Callable[[Event], None],
+    on_submitted: Callable[[str], None] | None = None,
+) -> Finished:
+    """Run ``request`` to its end, handing each event to ``on_event`` exactly once."""
+    turn = client.submit(request, idempotency_key=str(uuid.uuid4()))
+    if on_submitted is not None:
+        on_submitted(turn.turn_id)
+    terminal: Event | None = None
+    # Followed even when refused at submission: the stream carries its refused event.
+    for event in client.follow(turn.turn_id):
+        on_event(event)
+        if event.kind in TERMINAL_KINDS:
+            terminal = event
+    return Finished(client.turn(turn.turn_id), terminal)
+
+
+def exit_status(final: Turn, terminal: Event | None) -> int:
+    """The status to exit with: the terminal event's, else the finished turn's."""
+    if final.state == "lost":
+        raise TurnLost(f"the target marked turn {final.turn_id} lost (it crashed or restarted)")
+    status = getattr(terminal, "exit_code", None)
+    if status is None:
+        status = final.exit_code
+    if status is None:
+        raise ProtocolError(f"turn {final.turn_id} ended ({final.state}) without an exit status")
+    if not 0 <= status <= 255:
+        raise ProtocolError(f"turn {final.turn_id} reported exit status {status}, not 0..255")
+    return int(status)
+
+
+def output_bytes(event: OutputEvent) -> bytes:
+    """The bytes an output event carries, whichever way it encoded them."""
+    if event.data is not None:
+        return event.data.encode()
+    try:
+        return base64.b64decode(event.data_b64 or "", validate=True)
+    except binascii.Error as exc:
+        raise ProtocolError(f"event {event.seq} carries data_b64 that is not base64") from exc

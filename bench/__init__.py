@@ -1,0 +1,1 @@
+"""paddock benchmarks: `python bench/run.py` from the repository root (see README.md)."""

@@ -1,0 +1,211 @@
+"""Helpers shared by every benchmark section: timing, statistics, tables, processes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Durations (seconds) of repeated runs of one thing."""
+
+    values: tuple[float, ...]
+
+    @property
+    def p50(self) -> float:
+        return percentile(self.values, 50)
+
+    @property
+    def p95(self) -> float:
+        return percentile(self.values, 95)
+
+    @property
+    def mean(self) -> float:
+        return sum(self.values) / len(self.values)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile, interpolating linearly between the closest ranks."""
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("no values")
+    position = (len(ordered) - 1) * q / 100
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def time_runs(action: Callable[[], object], runs: int, warmup: int = 2) -> Samples:
+    """Run ``action`` ``warmup`` times untimed, then ``runs`` times timed."""
+    for _ in range(warmup):
+        action()
+    values = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        action()
+        values.append(time.perf_counter() - started)
+    return Samples(tuple(values))
+
+
+def run_quiet(argv: Sequence[str], env: dict[str, str] | None = None) -> None:
+    """Run ``argv`` to completion with no output; fail loudly if it does not exit 0."""
+    done = subprocess.run(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env=env, check=False,
+    )
+    if done.returncode != 0:
+        detail = done.stderr.decode(errors="replace").strip()
+        raise RuntimeError(f"{argv[0]} exited {done.returncode}: {detail}")
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """A small, predictable environment for child processes (nothing PADDOCK_* inherited)."""
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": os.environ.get("HOME", "/root"),
+        "LANG": "C.UTF-8",
+        "PYTHONPATH": str(REPO),
+    }
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
+    """Wait until something accepts connections on 127.0.0.1:``port`` (or ``proc`` dies)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process {proc.args!r} exited {proc.returncode} before listening")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.02)
+    raise RuntimeError(f"nothing listened on 127.0.0.1:{port} within {timeout:g} s")
+
+
+def stop_process(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
+    """SIGTERM ``proc``, then SIGKILL it if it is still there after ``grace`` seconds."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait()
+
+
+@contextlib.contextmanager
+def temp_dir(prefix: str) -> Iterator[Path]:
+    """A private temporary directory, removed afterwards whatever happens."""
+    import tempfile
+
+    path = Path(os.path.realpath(tempfile.mkdtemp(prefix=prefix)))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    """The last ``lines`` lines of a log file, for error messages."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def ms(seconds: float) -> str:
+    value = seconds * 1000
+    return f"{value:.2f}" if value < 10 else f"{value:.1f}"
+
+
+def ratio(value: float, base: float | None) -> str:
+    if not base:
+        return "-"
+    r = value / base
+    return f"{r:.2f}x" if r < 10 else f"{r:.0f}x"
+
+
+def render_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A plain-text table: the first column left-aligned, the others right-aligned."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
+
+    def line(cells: Sequence[str]) -> str:
+        first, *rest = cells
+        right = [c.rjust(w) for c, w in zip(rest, widths[1:], strict=True)]
+        parts = [first.ljust(widths[0]), *right]
+        return "  ".join(parts).rstrip()
+
+    rule = "-" * len(line(["-" * w for w in widths]))
+    out = [title, rule, line(headers), rule, *(line(r) for r in rows), rule]
+    return "\n".join(out)
+
+
+def tool_version(argv: Sequence[str]) -> str:
+    """The first line a tool prints about its version, or why there is none."""
+    if shutil.which(argv[0]) is None and not os.path.exists(argv[0]):
+        return "not installed"
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    text = (done.stdout or done.stderr).strip()
+    return text.splitlines()[0] if text else f"exit {done.returncode}"
+
+
+def cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for row in Path("/proc/cpuinfo").read_text().splitlines():
+            if row.startswith("model name"):
+                return row.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def machine_facts() -> list[tuple[str, str]]:
+    usable = len(os.sched_getaffinity(0))
+    return [
+        ("cores", f"{usable} usable of {os.cpu_count()} ({cpu_model()})"),
+        ("kernel", f"{platform.system()} {platform.release()}"),
+        ("bwrap", tool_version(["bwrap", "--version"])),
+        ("ssh", tool_version(["ssh", "-V"])),
+        ("python", f"{platform.python_version()} ({PYTHON})"),
+        ("user", f"uid {os.getuid()}"),
+    ]
+
+
+def proc_status(pid: int) -> dict[str, str]:
+    """``/proc/PID/status`` as a dict of its fields."""
+    fields = {}
+    for row in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = row.partition(":")
+        fields[key] = value.strip()
+    return fields
+
+
+def kib_field(status: dict[str, str], name: str) -> int:
+    """A ``kB`` field of ``/proc/PID/status`` (VmRSS, VmHWM), in KiB."""
+    return int(status[name].split()[0])

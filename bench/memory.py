@@ -1,0 +1,144 @@
+"""Section ``memory``: the target process's RSS idle, with concurrent turns, and after."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+from bench.common import kib_field, proc_status, render_table
+from bench.targets import ROLE, TargetInfo, target_process
+from shared.wire import ExitEvent, TurnRequest
+
+LEVELS = (1, 20, 50)
+SETTLE_S = 0.5
+SUBMIT_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Sample:
+    label: str
+    running: int
+    rss_kib: int
+    hwm_kib: int
+    threads: int
+    fds: int
+    submit_s: float | None = None
+
+
+@dataclass
+class _Tracker:
+    """What the client threads of one level report back."""
+
+    expected: int
+    submitted: int = 0
+    exited: int = 0
+    errors: list[BaseException] = field(default_factory=list)
+    changed: threading.Condition = field(default_factory=threading.Condition)
+
+    def note(self, attr: str) -> None:
+        with self.changed:
+            setattr(self, attr, getattr(self, attr) + 1)
+            self.changed.notify_all()
+
+    def fail(self, exc: BaseException) -> None:
+        with self.changed:
+            self.errors.append(exc)
+            self.changed.notify_all()
+
+    def wait_submitted(self, timeout: float) -> None:
+        with self.changed:
+            self.changed.wait_for(
+                lambda: self.submitted + len(self.errors) >= self.expected, timeout
+            )
+        if self.errors:
+            raise RuntimeError(f"a turn failed: {self.errors[0]!r}") from self.errors[0]
+        if self.submitted < self.expected:
+            raise RuntimeError(f"only {self.submitted} of {self.expected} turns were submitted")
+
+
+def run(sleep_s: float) -> str:
+    """Start a target process, load it level by level, and return the section's table."""
+    with target_process() as target:
+        samples = [_sample("idle (started, no turn yet)", target.pid, 0)]
+        for level in LEVELS:
+            samples.append(_level(target, level, sleep_s))
+            samples.append(_sample(f"  after those {level} ended", target.pid, 0))
+        time.sleep(1.0)
+        samples.append(_sample("after all turns ended (+1 s)", target.pid, 0))
+    return _table(samples, sleep_s)
+
+
+def _level(target: TargetInfo, count: int, sleep_s: float) -> Sample:
+    tracker = _Tracker(count)
+    request = TurnRequest(role=ROLE, argv=["sleep", f"{sleep_s:g}"])
+    threads = [
+        threading.Thread(target=_one_turn, args=(target, request, tracker), daemon=True)
+        for _ in range(count)
+    ]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    tracker.wait_submitted(SUBMIT_TIMEOUT_S)
+    submit_s = time.perf_counter() - started
+    time.sleep(SETTLE_S)
+    with tracker.changed:
+        running = tracker.submitted - tracker.exited
+    sample = _sample(f"{count} concurrent `sleep {sleep_s:g}` turns", target.pid, running)
+    for thread in threads:
+        thread.join(sleep_s + SUBMIT_TIMEOUT_S)
+    if tracker.errors:
+        raise RuntimeError(f"a turn failed: {tracker.errors[0]!r}") from tracker.errors[0]
+    return Sample(**{**sample.__dict__, "submit_s": submit_s})
+
+
+def _one_turn(target: TargetInfo, request: TurnRequest, tracker: _Tracker) -> None:
+    """One agent: its own client and connection, submit, then follow the stream to exit."""
+    try:
+        with target.client() as client:
+            turn = client.submit(request)
+            tracker.note("submitted")
+            last = None
+            for event in client.follow(turn.turn_id):
+                last = event
+            if not isinstance(last, ExitEvent) or last.exit_code != 0:
+                raise RuntimeError(f"turn {turn.turn_id} ended with {last}")
+            tracker.note("exited")
+    except BaseException as exc:  # reported by the main thread
+        tracker.fail(exc)
+
+
+def _sample(label: str, pid: int, running: int) -> Sample:
+    status = proc_status(pid)
+    return Sample(
+        label=label,
+        running=running,
+        rss_kib=kib_field(status, "VmRSS"),
+        hwm_kib=kib_field(status, "VmHWM"),
+        threads=int(status["Threads"]),
+        fds=len(os.listdir(f"/proc/{pid}/fd")),
+    )
+
+
+def _table(samples: list[Sample], sleep_s: float) -> str:
+    idle = samples[0].rss_kib
+    rows = []
+    for s in samples:
+        delta = s.rss_kib - idle
+        per_turn = f"{delta / s.running:.0f}" if s.running else ""
+        rows.append([
+            s.label, str(s.running), f"{s.rss_kib / 1024:.1f}", f"{delta / 1024:+.1f}",
+            per_turn, f"{s.hwm_kib / 1024:.1f}", str(s.threads), str(s.fds),
+            "" if s.submit_s is None else f"{s.submit_s:.2f}",
+        ])
+    title = (
+        "3. Target process memory (VmRSS of `python -m target_side.cli serve`; each turn\n"
+        f"   submitted by its own client thread and followed to exit; sampled {SETTLE_S:g} s\n"
+        f"   after the last submit answered; turns run `sleep {sleep_s:g}`)"
+    )
+    headers = [
+        "state", "running", "RSS MiB", "vs idle", "KiB/turn", "peak MiB", "threads", "fds",
+        "submit s",
+    ]
+    return render_table(title, headers, rows)

@@ -1,0 +1,78 @@
+"""The benchmark suite's command line: pick sections, size them, print machine facts and tables."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from bench import latency, memory, throughput
+from bench.common import MIB, machine_facts
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much work each section does."""
+
+    runs: int
+    stream_bytes: int
+    sleep_s: float
+
+
+FULL = Sizes(runs=50, stream_bytes=200 * MIB, sleep_s=5.0)
+QUICK = Sizes(runs=15, stream_bytes=50 * MIB, sleep_s=3.0)
+
+SECTIONS: dict[str, Callable[[Sizes], str]] = {
+    "latency": lambda sizes: latency.run(sizes.runs),
+    "throughput": lambda sizes: throughput.run(sizes.stream_bytes),
+    "memory": lambda sizes: memory.run(sizes.sleep_s),
+}
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="bench/run.py", description="paddock benchmarks, with same-run baselines."
+    )
+    parser.add_argument(
+        "--quick", action="store_true",
+        help=f"fewer runs ({QUICK.runs}), {QUICK.stream_bytes // MIB} MiB streams, "
+        f"`sleep {QUICK.sleep_s:g}` turns",
+    )
+    parser.add_argument(
+        "--only", action="append", choices=sorted(SECTIONS), metavar="NAME",
+        help=f"run only this section (repeatable): {', '.join(SECTIONS)}",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    sizes = QUICK if args.quick else FULL
+    chosen = [name for name in SECTIONS if not args.only or name in args.only]
+    _print_facts(sizes, args.quick)
+    failed = 0
+    for name in chosen:
+        started = time.monotonic()
+        try:
+            table = SECTIONS[name](sizes)
+        except Exception as exc:  # one broken section must not hide the others
+            failed += 1
+            table = f"{name}: FAILED: {type(exc).__name__}: {exc}"
+        print(f"\n{table}\n({name}: {time.monotonic() - started:.1f} s)", flush=True)
+    return 1 if failed else 0
+
+
+def _print_facts(sizes: Sizes, quick: bool) -> None:
+    print("paddock benchmarks" + (" (--quick)" if quick else ""))
+    for key, value in machine_facts():
+        print(f"  {key:<7} {value}")
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"  {'load':<7} {load} (1/5/15 min, before the run)")
+    print(
+        f"  {'sizes':<7} {sizes.runs} runs per latency row, "
+        f"{sizes.stream_bytes // MIB} MiB streams, `sleep {sizes.sleep_s:g}` turns"
+    )
+    sys.stdout.flush()

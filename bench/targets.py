@@ -1,0 +1,188 @@
+"""Real paddock targets for the benchmarks, on 127.0.0.1 with TLS.
+
+Two shapes: ``embedded_target`` runs the server on a thread of this process
+(``ServerThread``, as the tests do); ``target_process`` runs
+``python -m target_side.cli serve --config FILE`` as a separate process, so
+its memory can be read and it does not share this process's GIL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import secrets
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent_side.client import TargetClient
+from agent_side.errors import AgentError
+from bench.common import PYTHON, REPO, child_env, free_port, stop_process, tail, temp_dir
+from target_side.config import RoleConfig, RoleLimits, ServerConfig, Settings
+from target_side.server import ServerThread
+from target_side.tls import make_tls_material
+
+ROLE = "bench"
+WALL_S = 600
+OUTPUT_MB = 4096
+"""Role maxima: far above what any section asks, so no limit shapes a measurement."""
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """How to reach a running target as the benchmark role."""
+
+    url: str
+    token: str = field(repr=False)
+    cacert: str
+    workspace: str
+    pid: int
+
+    def client(self) -> TargetClient:
+        return TargetClient(self.url, self.token, cacert=self.cacert)
+
+    def cli_env(self) -> dict[str, str]:
+        """Environment for ``python -m agent_side.cli run`` against this target."""
+        return child_env(
+            PADDOCK_TARGET=self.url, PADDOCK_TOKEN=self.token, PADDOCK_CACERT=self.cacert,
+            PADDOCK_ROLE=ROLE,
+        )
+
+
+@dataclass(frozen=True)
+class _Root:
+    """A target's private directory: TLS material, workspace, state."""
+
+    path: Path
+    token: str = field(repr=False)
+
+    @property
+    def workspace(self) -> Path:
+        return self.path / "ws"
+
+    @property
+    def state(self) -> Path:
+        return self.path / "state"
+
+    @property
+    def cacert(self) -> Path:
+        return self.path / "tls" / "ca.pem"
+
+    @property
+    def cert(self) -> Path:
+        return self.path / "tls" / "cert.pem"
+
+    @property
+    def key(self) -> Path:
+        return self.path / "tls" / "key.pem"
+
+    @property
+    def token_sha256(self) -> str:
+        return hashlib.sha256(self.token.encode()).hexdigest()
+
+
+def _prepare(path: Path) -> _Root:
+    root = _Root(path, secrets.token_urlsafe(32))
+    # The fence runs as nobody when the server is root: the workspace must be enterable.
+    os.chmod(path, 0o755)
+    root.workspace.mkdir(mode=0o755)
+    (path / "tls").mkdir(mode=0o700)
+    material = make_tls_material(["127.0.0.1"])
+    for target, data in (
+        (root.cacert, material.ca_cert_pem),
+        (root.cert, material.cert_chain_pem),
+        (root.key, material.key_pem),
+    ):
+        target.write_bytes(data)
+        os.chmod(target, 0o600)
+    return root
+
+
+def _settings(root: _Root) -> Settings:
+    role = RoleConfig(
+        token_sha256=root.token_sha256,
+        workspaces=(str(root.workspace),),
+        limits=RoleLimits(wall_s=WALL_S, output_mb=OUTPUT_MB),
+    )
+    return Settings(
+        server=ServerConfig(
+            listen="127.0.0.1:0", tls_cert=str(root.cert), tls_key=str(root.key),
+            state_root=str(root.state),
+        ),
+        roles={ROLE: role},
+    )
+
+
+def _config_toml(root: _Root, port: int) -> str:
+    return f"""\
+[server]
+listen = "127.0.0.1:{port}"
+tls_cert = "{root.cert}"
+tls_key = "{root.key}"
+state_root = "{root.state}"
+
+[fence]
+backend = "bubblewrap"
+
+[roles.{ROLE}]
+token_sha256 = "{root.token_sha256}"
+workspaces = ["{root.workspace}"]
+[roles.{ROLE}.limits]
+wall_s = {WALL_S}
+output_mb = {OUTPUT_MB}
+"""
+
+
+@contextlib.contextmanager
+def embedded_target() -> Iterator[TargetInfo]:
+    """A target on a thread of this process (uvicorn, TLS, bubblewrap)."""
+    with temp_dir("paddock-bench-") as path:
+        root = _prepare(path)
+        with ServerThread(_settings(root)) as server:
+            yield TargetInfo(
+                server.url, root.token, str(root.cacert), str(root.workspace), os.getpid()
+            )
+
+
+@contextlib.contextmanager
+def target_process() -> Iterator[TargetInfo]:
+    """A target as its own process, from a TOML config, stopped (SIGTERM) on leaving."""
+    with temp_dir("paddock-bench-") as path:
+        root = _prepare(path)
+        port = free_port()
+        config = path / "target.toml"
+        config.write_text(_config_toml(root, port))
+        os.chmod(config, 0o600)
+        log = path / "target.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                [PYTHON, "-m", "target_side.cli", "serve", "--config", str(config)],
+                cwd=REPO, env=child_env(), stdin=subprocess.DEVNULL, stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            info = TargetInfo(
+                f"https://127.0.0.1:{port}", root.token, str(root.cacert),
+                str(root.workspace), proc.pid,
+            )
+            _wait_healthy(info, proc, log)
+            yield info
+        finally:
+            stop_process(proc)
+
+
+def _wait_healthy(info: TargetInfo, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 20
+    with TargetClient(info.url, None, cacert=info.cacert) as client:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the target process exited {proc.returncode}:\n{tail(log)}")
+            try:
+                client.health()
+                return
+            except AgentError:
+                time.sleep(0.05)
+    raise RuntimeError(f"the target process did not answer /v1/health:\n{tail(log)}")

@@ -1,0 +1,478 @@
+"""Memory, pids and cpu limits for a turn: cgroups where the machine allows, rlimits otherwise.
+
+Each turn gets its own cgroup *below the server's own* in every hierarchy that
+carries a controller it needs: a cgroup v2 tree delegated to the server (the
+``Delegate=yes`` of a systemd unit), or cgroup v1 hierarchies writable by the
+server (root on a machine without systemd). Nested below the server, a turn
+can never get more than the server itself was given.
+
+bubblewrap is started with ``--block-fd``: its sandbox process stops after
+setting up the fence and before the command starts. The runner moves that
+process into the turn's cgroups (``place``) and only then releases it, so
+every process of the command is born inside the limits.
+
+What each way really guarantees (also what ``GET /v1/health`` says):
+
+- cgroup (v2 or v1), per turn: ``memory.max`` / ``memory.limit_in_bytes`` bound
+  the memory of all the turn's processes together (swap too), and the kernel
+  OOM-kills inside the turn when it is exceeded; ``pids.max`` bounds how many
+  processes and threads exist at once; ``cpu.max`` / ``cpu.cfs_quota_us``
+  bound CPU time per period to ``cpu`` CPUs.
+- rlimit fallback: ``RLIMIT_AS`` bounds each process's *address space*, not
+  the turn's memory (N processes may use N times it, and programs that
+  reserve large address ranges fail early). ``RLIMIT_NPROC`` counts every
+  process of the real uid on the whole machine, not the turn's, and does
+  nothing at all for root; so pids are left to the wall-time limit as root.
+  cpu has no rlimit counterpart (``RLIMIT_CPU`` is total seconds, not a
+  rate): wall time is the only bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import re
+import resource
+import secrets
+import signal
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from target_side.plan import EffectiveLimits
+
+log = logging.getLogger("paddock.target")
+
+CONTROLLERS = ("memory", "pids", "cpu")
+V1_USAGE = "cpuacct"
+"""cgroup v1 keeps cpu usage in its own controller; joined only to report ``cpu_s``."""
+CPU_PERIOD_US = 100_000
+TURN_PREFIX = "paddock-"
+SERVER_LEAF = "paddock-server"
+"""On cgroup v2 the server moves itself here so its own cgroup may hand controllers down."""
+REMOVE_TRIES = 100
+_TURN_CGROUP = re.compile(rf"{TURN_PREFIX}(\d+)-t-[0-9a-f]+")
+
+
+class LimitError(Exception):
+    """A turn's limits could not be put in place; the turn must not run."""
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """One cgroup hierarchy the server may create turn cgroups in."""
+
+    version: int
+    base: Path
+    """The server's own cgroup here: turn cgroups are made directly below it."""
+    controllers: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Enforcement:
+    """How one limit is enforced on this machine, and what falls short, if anything."""
+
+    limit: str
+    how: str
+    degraded: str | None = None
+
+
+@dataclass
+class Usage:
+    """What a turn used, from its cgroups (None where no cgroup counted it)."""
+
+    cpu_s: float | None = None
+    max_rss_kb: int | None = None
+    oom_kills: int = 0
+
+
+class Limiter:
+    """The limit machinery this machine allows, found once at startup."""
+
+    def __init__(self, hierarchies: Iterable[Hierarchy], rlimits: bool = True) -> None:
+        self.hierarchies = tuple(hierarchies)
+        self.rlimits = rlimits
+
+    @classmethod
+    def detect(cls, proc: Path = Path("/proc/self")) -> Limiter:
+        """Find usable hierarchies from the server's own ``/proc/self/{cgroup,mountinfo}``."""
+        try:
+            memberships = _memberships((proc / "cgroup").read_text())
+            mounts = _cgroup_mounts((proc / "mountinfo").read_text())
+        except OSError as exc:
+            log.warning("cannot read the server's cgroups (%s); limits fall back to rlimits", exc)
+            return cls(())
+        found: list[Hierarchy] = []
+        taken: set[str] = set()
+        v2 = _v2_hierarchy(memberships, mounts)
+        if v2 is not None:
+            found.append(v2)
+            taken |= v2.controllers
+        for controller in (*CONTROLLERS, V1_USAGE):
+            if controller in taken:
+                continue
+            v1 = _v1_hierarchy(controller, memberships, mounts)
+            if v1 is not None and v1.base not in {h.base for h in found}:
+                found.append(v1)
+                taken |= v1.controllers
+            elif v1 is not None:
+                taken.add(controller)
+        limiter = cls(found)
+        limiter.reap_stale()
+        return limiter
+
+    def controller(self, name: str) -> Hierarchy | None:
+        return next((h for h in self.hierarchies if name in h.controllers), None)
+
+    def report(self) -> list[Enforcement]:
+        """How memory, pids and cpu are enforced here (wall time and output are always enforced)."""
+        return [self._enforcement(name) for name in CONTROLLERS]
+
+    def _enforcement(self, name: str) -> Enforcement:
+        hierarchy = self.controller(name)
+        if hierarchy is not None:
+            return Enforcement(name, f"cgroup v{hierarchy.version} at {hierarchy.base}")
+        if name == "memory" and self.rlimits:
+            return Enforcement(name, "rlimit", "memory_mb limits each process's address space "
+                               "(RLIMIT_AS), not the turn's total: no usable memory cgroup")
+        if name == "pids" and self.rlimits and os.getuid() != 0:
+            return Enforcement(name, "rlimit", "pids limits the service user's processes "
+                               "machine-wide (RLIMIT_NPROC), not the turn's: no usable pids cgroup")
+        what = {"pids": "pids (RLIMIT_NPROC does not bind root)", "cpu": "cpu",
+                "memory": "memory_mb"}
+        return Enforcement(name, "none", f"{what[name]} is not enforced: no usable {name} cgroup; "
+                           "only wall_s bounds the turn")
+
+    def degraded(self) -> str | None:
+        """One sentence per limit that falls short of a per-turn cgroup, or None."""
+        problems = [e.degraded for e in self.report() if e.degraded]
+        return "; ".join(problems) or None
+
+    def for_turn(self, turn_id: str, limits: EffectiveLimits) -> TurnLimits:
+        """Create ``turn_id``'s cgroups with ``limits`` written; nothing runs in them yet."""
+        turn = TurnLimits(self, f"{TURN_PREFIX}{os.getpid()}-{turn_id}", limits)
+        try:
+            for hierarchy in self.hierarchies:
+                turn.create(hierarchy)
+        except OSError as exc:
+            turn.remove_now()
+            raise LimitError(f"could not set up the turn's cgroups: {exc}") from exc
+        return turn
+
+    def reap_stale(self) -> None:
+        """Remove empty turn cgroups left by a server that is gone.
+
+        Turn cgroups carry their server's pid, so a server never removes one
+        that another live server has just made and not yet filled.
+        """
+        for hierarchy in self.hierarchies:
+            with contextlib.suppress(OSError):
+                for entry in hierarchy.base.iterdir():
+                    match = _TURN_CGROUP.fullmatch(entry.name)
+                    if match and not _alive(int(match[1])) and entry.is_dir():
+                        with contextlib.suppress(OSError):
+                            entry.rmdir()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass
+class TurnLimits:
+    """One turn's cgroups (and rlimits), from creation to removal."""
+
+    limiter: Limiter
+    name: str
+    limits: EffectiveLimits
+    dirs: dict[Path, Hierarchy] = field(default_factory=dict)
+
+    def create(self, hierarchy: Hierarchy) -> None:
+        path = hierarchy.base / self.name
+        path.mkdir(mode=0o755)
+        self.dirs[path] = hierarchy
+        for name, value in _settings(hierarchy, self.limits):
+            _write(path / name, value, optional=name in _OPTIONAL)
+
+    def place(self, pid: int) -> None:
+        """Put ``pid`` (bubblewrap's sandbox process, still blocked) into every limit.
+
+        Its children inherit all of it: cgroup membership and rlimits alike.
+        """
+        for path in self.dirs:
+            (path / "cgroup.procs").write_text(f"{pid}\n")
+        if self.limiter.controller("memory") is None and self.limiter.rlimits:
+            memory = self.limits.memory_mb << 20
+            resource.prlimit(pid, resource.RLIMIT_AS, (memory, memory))
+        if self.limiter.controller("pids") is None and self.limiter.rlimits and os.getuid() != 0:
+            resource.prlimit(pid, resource.RLIMIT_NPROC, (self.limits.pids, self.limits.pids))
+
+    def usage(self) -> Usage:
+        """CPU seconds, peak memory and OOM kills, read before the cgroups go."""
+        found = Usage()
+        for path, hierarchy in self.dirs.items():
+            _read_usage(path, hierarchy, found)
+        return found
+
+    def kill(self) -> None:
+        """SIGKILL what is left in the turn's cgroups: the backstop to the pid-namespace kill."""
+        for path, hierarchy in self.dirs.items():
+            if hierarchy.version == 2 and _write(path / "cgroup.kill", "1", optional=True):
+                continue
+            for pid in _pids(path):
+                _kill_member(pid, path)
+
+    async def remove(self) -> None:
+        """Kill any stragglers and remove the cgroups (a dying process keeps one busy briefly)."""
+        for _ in range(REMOVE_TRIES):
+            if self._try_remove():
+                return
+            self.kill()
+            await asyncio.sleep(0.05)
+        log.warning("could not remove cgroups of %s: %s", self.name, ", ".join(map(str, self.dirs)))
+
+    def remove_now(self) -> None:
+        """Remove without waiting (nothing was ever placed in them)."""
+        self._try_remove()
+
+    def _try_remove(self) -> bool:
+        for path in list(self.dirs):
+            try:
+                path.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                if exc.errno != errno.EBUSY:
+                    log.warning("removing %s: %s", path, exc)
+                continue
+            del self.dirs[path]
+        return not self.dirs
+
+
+_OPTIONAL = {"memory.memsw.limit_in_bytes", "memory.swap.max", "memory.oom.group"}
+"""Absent where swap accounting is off or the kernel is older; the main limit still holds."""
+
+
+def _settings(hierarchy: Hierarchy, limits: EffectiveLimits) -> list[tuple[str, str]]:
+    memory = str(limits.memory_mb << 20)
+    quota = str(max(1000, round(limits.cpu * CPU_PERIOD_US)))
+    has = hierarchy.controllers
+    if hierarchy.version == 2:
+        return [
+            *([("memory.max", memory), ("memory.swap.max", "0"), ("memory.oom.group", "1")]
+              if "memory" in has else []),
+            *([("pids.max", str(limits.pids))] if "pids" in has else []),
+            *([("cpu.max", f"{quota} {CPU_PERIOD_US}")] if "cpu" in has else []),
+        ]
+    return [
+        # The memory limit first: the kernel refuses memory+swap below memory alone.
+        *([("memory.limit_in_bytes", memory), ("memory.memsw.limit_in_bytes", memory)]
+          if "memory" in has else []),
+        *([("pids.max", str(limits.pids))] if "pids" in has else []),
+        *([("cpu.cfs_period_us", str(CPU_PERIOD_US)), ("cpu.cfs_quota_us", quota)]
+          if "cpu" in has else []),
+    ]
+
+
+def _read_usage(path: Path, hierarchy: Hierarchy, found: Usage) -> None:
+    has = hierarchy.controllers
+    if hierarchy.version == 2:
+        stat = _keyed(path / "cpu.stat")
+        if "usage_usec" in stat:
+            found.cpu_s = stat["usage_usec"] / 1e6
+        if "memory" in has:
+            found.max_rss_kb = _int(path / "memory.peak", 1024)
+            found.oom_kills += _keyed(path / "memory.events").get("oom_kill", 0)
+        return
+    if V1_USAGE in has:
+        usage = _int(path / "cpuacct.usage", 1)
+        found.cpu_s = None if usage is None else usage / 1e9
+    if "memory" in has:
+        found.max_rss_kb = _int(path / "memory.max_usage_in_bytes", 1024)
+        found.oom_kills += _keyed(path / "memory.oom_control").get("oom_kill", 0)
+
+
+def _write(path: Path, value: str, optional: bool = False) -> bool:
+    try:
+        path.write_text(value)
+    except OSError:
+        if optional:
+            return False
+        raise
+    return True
+
+
+def _int(path: Path, unit: int) -> int | None:
+    try:
+        return int(path.read_text().split()[0]) // unit
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _keyed(path: Path) -> dict[str, int]:
+    found: dict[str, int] = {}
+    with contextlib.suppress(OSError):
+        for line in path.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            with contextlib.suppress(ValueError):
+                found[key] = int(value)
+    return found
+
+
+def _pids(path: Path) -> list[int]:
+    try:
+        return [int(p) for p in (path / "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _kill_member(pid: int, cgroup: Path) -> None:
+    # Through a pidfd, checked to still be in the cgroup: a recycled pid is never killed.
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return
+    try:
+        if pid in _pids(cgroup):
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except OSError:
+        pass
+    finally:
+        os.close(pidfd)
+
+
+# --- detection -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Mount:
+    version: int
+    root: str
+    point: str
+    controllers: frozenset[str]
+
+
+def _memberships(text: str) -> dict[str, str]:
+    """controller (or "" for v2) -> the server's cgroup path, from /proc/self/cgroup."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        for name in controllers.split(",") if controllers else [""]:
+            found[name] = path
+    return found
+
+
+def _cgroup_mounts(text: str) -> list[_Mount]:
+    found = []
+    for line in text.splitlines():
+        left, _, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if len(fields) < 5 or len(tail) < 3 or tail[0] not in ("cgroup", "cgroup2"):
+            continue
+        root, point = _unescape(fields[3]), _unescape(fields[4])
+        if tail[0] == "cgroup2":
+            found.append(_Mount(2, root, point, frozenset()))
+        else:
+            known = frozenset(tail[2].split(",")) & {*CONTROLLERS, V1_USAGE}
+            found.append(_Mount(1, root, point, known))
+    return found
+
+
+def _unescape(field_text: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as octal.
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        field_text = field_text.replace(code, char)
+    return field_text
+
+
+def _under(mount: _Mount, path: str) -> Path | None:
+    """Where cgroup ``path`` appears under ``mount`` (None if the mount does not show it)."""
+    root = mount.root.rstrip("/")
+    if path != root and not path.startswith(f"{root}/"):
+        return None
+    return Path(mount.point + path[len(root):])
+
+
+def _v1_hierarchy(
+    controller: str, memberships: dict[str, str], mounts: list[_Mount]
+) -> Hierarchy | None:
+    path = memberships.get(controller)
+    mount = next((m for m in mounts if m.version == 1 and controller in m.controllers), None)
+    if path is None or mount is None:
+        return None
+    base = _under(mount, path)
+    if base is None or not _can_make_children(base):
+        return None
+    return Hierarchy(1, base, mount.controllers)
+
+
+def _v2_hierarchy(memberships: dict[str, str], mounts: list[_Mount]) -> Hierarchy | None:
+    path = memberships.get("")
+    mount = next((m for m in mounts if m.version == 2), None)
+    if path is None or mount is None:
+        return None
+    own = _under(mount, path)
+    if own is None:
+        return None
+    base = own.parent if own.name == SERVER_LEAF else own
+    available = set(_words(base / "cgroup.controllers")) & set(CONTROLLERS)
+    if not available or not _can_make_children(base):
+        return None
+    enabled = _delegate(base, own, available)
+    return Hierarchy(2, base, frozenset(enabled)) if enabled else None
+
+
+def _delegate(base: Path, own: Path, wanted: set[str]) -> set[str]:
+    """Enable ``wanted`` for children of ``base``; the server first leaves for a leaf of its own.
+
+    cgroup v2 hands controllers down only from a cgroup with no processes of
+    its own, so the server moves itself (never anything else) into a leaf.
+    """
+    enabled = set(_words(base / "cgroup.subtree_control"))
+    if wanted <= enabled:
+        return wanted
+    if own == base:
+        try:
+            leaf = base / SERVER_LEAF
+            leaf.mkdir(exist_ok=True)
+            (leaf / "cgroup.procs").write_text(f"{os.getpid()}\n")
+        except OSError as exc:
+            log.warning("cannot move the server into %s/%s: %s", base, SERVER_LEAF, exc)
+            return enabled & wanted
+    for name in sorted(wanted - enabled):
+        try:
+            (base / "cgroup.subtree_control").write_text(f"+{name}\n")
+            enabled.add(name)
+        except OSError as exc:
+            log.warning("cannot enable the %s controller in %s: %s", name, base, exc)
+    return enabled & wanted
+
+
+def _words(path: Path) -> list[str]:
+    try:
+        return path.read_text().split()
+    except OSError:
+        return []
+
+
+def _can_make_children(base: Path) -> bool:
+    """A real probe (mkdir, rmdir), not ``access()``: a read-only or undelegated tree fails it."""
+    probe = base / f"{TURN_PREFIX}probe-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        probe.mkdir()
+        probe.rmdir()
+    except OSError:
+        return False
+    return True

@@ -1,0 +1,217 @@
+"""Limits: a fork bomb, a memory hog, an output flood and a busy loop each end only their turn."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import BUILDER_TOKEN, Target, events, finished, output, run, sha, submit, wait_until
+
+from shared.walk import canonical_path
+from shared.wire import TurnRequest
+from target_side.config import RoleConfig, ServerConfig, Settings
+from target_side.launch import find_bwrap, launch_turn
+from target_side.limits import Hierarchy, Limiter
+from target_side.plan import EffectiveLimits, plan_turn
+from target_side.runner import Outcome
+from target_side.scratch import build_scratch, remove_scratch
+
+PIDS_PROBE = """
+import os, subprocess
+children = []
+for _ in range(100):
+    try:
+        children.append(subprocess.Popen(["sleep", "30"]))
+    except OSError:
+        break
+print(sum(1 for entry in os.listdir("/proc") if entry.isdigit()))
+"""
+"""Starts up to 100 processes and prints how many the fence's own /proc then shows."""
+
+HOG = "x = b'x' * (400 << 20); print('survived')"
+
+
+def _processes_seen(client: httpx.Client, pids: int) -> int:
+    turn, evs = run(client, ["python3", "-c", PIDS_PROBE], limits={"pids": pids, "wall_s": 30})
+    assert turn.exit_code == 0, output(evs, "stderr")
+    return int(output(evs))
+
+
+def test_pids_limit_caps_the_turns_processes(client: httpx.Client) -> None:
+    assert _processes_seen(client, 32) <= 32
+
+
+def _in_cgroup_of(turn_id: str) -> int:
+    """Host processes whose cgroup is the turn's (any hierarchy)."""
+    count = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if turn_id in Path(f"/proc/{entry}/cgroup").read_text():
+                    count += 1
+            except OSError:
+                continue
+    return count
+
+
+def test_fork_bomb_ends_its_own_turn_and_others_carry_on(client: httpx.Client) -> None:
+    # Launched only once the pids limit is seen to hold: unbounded, a bomb would take the machine.
+    if _processes_seen(client, 32) > 32:
+        pytest.fail("the pids limit does not hold here; not launching a fork bomb")
+    bomb = submit(
+        client, argv=["bash", "-c", ":(){ :|:& };:; exec sleep 60"],
+        limits={"pids": 64, "wall_s": 5},
+    )
+    assert wait_until(lambda: _in_cgroup_of(bomb.turn_id) > 8)
+    peak = max(_in_cgroup_of(bomb.turn_id) for _ in range(20))
+    neighbour, evs = run(client, ["echo", "alive"])
+    assert (neighbour.exit_code, output(evs)) == (0, "alive\n")
+    assert client.get("/v1/health").status_code == 200
+    done = finished(client, bomb.turn_id)
+    assert done.exit_code == 124
+    assert peak <= 64
+    assert wait_until(lambda: _in_cgroup_of(bomb.turn_id) == 0)
+
+
+def test_memory_hog_is_oom_killed_with_137(client: httpx.Client) -> None:
+    turn, evs = run(client, ["python3", "-c", HOG], limits={"memory_mb": 64})
+    assert (turn.exit_code, turn.signal) == (137, 9)
+    assert "survived" not in output(evs)
+    assert any(e.kind == "notice" and "out of memory" in e.message for e in evs)
+    assert turn.usage is not None and turn.usage.max_rss_kb is not None
+    assert turn.usage.max_rss_kb <= 64 * 1024
+
+
+def test_output_flood_is_cut_at_its_limit_and_a_concurrent_turn_carries_on(
+    client: httpx.Client, target: Target
+) -> None:
+    results: dict[str, object] = {}
+
+    def neighbour() -> None:
+        with target.client() as c:
+            results["turn"], results["events"] = run(c, ["sh", "-c", "sleep 1; echo fine"])
+
+    other = threading.Thread(target=neighbour)
+    other.start()
+    flood = submit(client, argv=["yes"], limits={"output_mb": 1})
+    flood_events = events(client, flood.turn_id)
+    other.join()
+    done = finished(client, flood.turn_id)
+    assert done.output_truncated is True
+    assert done.exit_code == 137
+    assert len(output(flood_events).encode()) <= 1 << 20
+    assert output(results["events"]) == "fine\n"  # type: ignore[arg-type]
+    assert client.get("/v1/health").status_code == 200
+
+
+def test_cpu_limit_bounds_cpu_time_and_usage_is_reported(client: httpx.Client) -> None:
+    started = time.monotonic()
+    turn, _ = run(client, ["timeout", "2", "sh", "-c", "while :; do :; done"], limits={"cpu": 0.2})
+    assert time.monotonic() - started >= 2
+    assert turn.usage is not None and turn.usage.cpu_s is not None
+    # Unlimited, the loop takes a whole CPU for its two seconds; at 0.2 CPUs about 0.4 s.
+    assert 0.05 < turn.usage.cpu_s < 1.0
+
+
+def test_health_says_which_limits_are_degraded(client: httpx.Client) -> None:
+    causes = {c["cause"]: c["detail"] for c in client.get("/v1/health").json()["causes"]}
+    expected = Limiter.detect().degraded()
+    assert causes.get("limits") == expected
+
+
+def test_turn_cgroups_are_removed_when_turns_end(client: httpx.Client) -> None:
+    turn, _ = run(client, ["true"])
+    for hierarchy in Limiter.detect().hierarchies:
+        assert not [p for p in hierarchy.base.iterdir() if turn.turn_id in p.name]
+
+
+# --- the rlimit fallback, and cgroup v2, where this machine cannot show them ------------------
+
+
+async def test_without_cgroups_memory_falls_back_to_a_per_process_rlimit(tmp_path: Path) -> None:
+    root = Path(canonical_path(tmp_path))
+    ws = root / "ws"
+    ws.mkdir()
+    settings = Settings(
+        server=ServerConfig(listen="127.0.0.1:0", state_root=str(root / "state")),
+        roles={"builder": RoleConfig(token_sha256=sha(BUILDER_TOKEN), workspaces=(str(ws),))},
+    )
+    request = TurnRequest(role="builder", argv=["python3", "-c", HOG], limits={"memory_mb": 64})
+    plan = plan_turn(request, settings, f"t-{uuid.uuid4().hex}")
+    scratch = build_scratch(settings, "builder", plan.turn_id)
+    seen: list[tuple[str, dict[str, object]]] = []
+    try:
+        running = await launch_turn(
+            find_bwrap(), plan, scratch, lambda kind, **f: seen.append((kind, f)), Limiter(()),
+        )
+        outcome: Outcome = await running.wait()
+    finally:
+        remove_scratch(scratch)
+    stderr = "".join(str(f.get("data", "")) for kind, f in seen if kind == "stderr")
+    assert outcome.exit_code == 1
+    assert "MemoryError" in stderr
+
+
+def test_without_cgroups_health_names_each_degraded_limit() -> None:
+    degraded = Limiter(()).degraded() or ""
+    assert "memory_mb limits each process's address space (RLIMIT_AS)" in degraded
+    assert "cpu is not enforced" in degraded
+    if os.getuid() == 0:
+        assert "RLIMIT_NPROC does not bind root" in degraded
+
+
+def _fake_v2(tmp_path: Path) -> tuple[Path, Path]:
+    """A /proc/self and a cgroup2 'mount' in plain directories, the server in /svc."""
+    proc, mount = tmp_path / "proc", tmp_path / "cgroup"
+    proc.mkdir()
+    (mount / "svc").mkdir(parents=True)
+    (mount / "svc" / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (mount / "svc" / "cgroup.subtree_control").write_text("")
+    (proc / "cgroup").write_text("0::/svc\n")
+    (proc / "mountinfo").write_text(
+        f"30 23 0:26 / {mount} rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw\n"
+    )
+    return proc, mount / "svc"
+
+
+def test_cgroup_v2_delegated_subtree_is_detected_and_written(tmp_path: Path) -> None:
+    proc, base = _fake_v2(tmp_path)
+    limiter = Limiter.detect(proc)
+    assert limiter.hierarchies == (Hierarchy(2, base, frozenset({"memory", "pids", "cpu"})),)
+    assert limiter.degraded() is None
+    # The server left its own cgroup for a leaf, so the controllers could be handed down.
+    assert (base / "paddock-server" / "cgroup.procs").read_text() == f"{os.getpid()}\n"
+    turn = limiter.for_turn("t-" + "a" * 32, EffectiveLimits(60, 64, 32, 0.5, 1))
+    (cgroup,) = turn.dirs
+    assert cgroup.parent == base
+    written = {f.name: f.read_text() for f in cgroup.iterdir()}
+    assert written == {
+        "memory.max": str(64 << 20), "memory.swap.max": "0", "memory.oom.group": "1",
+        "pids.max": "32", "cpu.max": "50000 100000",
+    }
+    turn.place(4242)
+    assert (cgroup / "cgroup.procs").read_text() == "4242\n"
+    (cgroup / "cpu.stat").write_text("usage_usec 1500000\nuser_usec 1000000\n")
+    (cgroup / "memory.peak").write_text(f"{10 << 20}\n")
+    (cgroup / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    usage = turn.usage()
+    assert (usage.cpu_s, usage.max_rss_kb, usage.oom_kills) == (1.5, 10 * 1024, 1)
+
+
+def test_stale_turn_cgroups_of_a_dead_server_are_reaped(tmp_path: Path) -> None:
+    proc, base = _fake_v2(tmp_path)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = base / f"paddock-{dead.pid}-t-{'b' * 32}"
+    live = base / f"paddock-{os.getpid()}-t-{'c' * 32}"
+    stale.mkdir()
+    live.mkdir()
+    Limiter.detect(proc)
+    assert not stale.exists()
+    assert live.exists()
