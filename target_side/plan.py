@@ -289,7 +289,7 @@ def resolve_executable(
             refused_as_unrunnable = refused_as_unrunnable or exc
     if refused_as_unrunnable is not None:
         raise refused_as_unrunnable
-    raise refusals.not_found(program, search_path)
+    raise refusals.not_found(program, f"on the fence's PATH ({search_path})")
 
 
 def _visible(resolved: str, mounts: list[Mount]) -> bool:
@@ -299,16 +299,18 @@ def _visible(resolved: str, mounts: list[Mount]) -> bool:
 def _checked_executable(given: str, candidate: str, mounts: list[Mount]) -> Executable:
     resolved = canonical_path(candidate)
     if not _visible(resolved, mounts):
-        raise refusals.not_found(given, "the fence's mounts")
+        raise refusals.not_found(given, f"inside the fence ({resolved} is not mounted there)")
     try:
         st = os.stat(resolved)
     except OSError:
-        raise refusals.not_found(given, "the fence's mounts") from None
+        raise refusals.not_found(given, f"inside the fence ({resolved} does not exist)") from None
     if not stat.S_ISREG(st.st_mode):
         raise refusals.not_executable(given, resolved, "is not a regular file")
     if not st.st_mode & 0o111:
         raise refusals.not_executable(given, resolved, "has no execute permission (chmod +x it)")
     _check_trusted(given, resolved, st)
+    # The directory the name was found in counts too: a symlink there could be repointed.
+    _check_directories(given, resolved, canonical_path(posixpath.dirname(candidate)))
     return Executable(path=resolved, dev=st.st_dev, ino=st.st_ino)
 
 
@@ -319,7 +321,12 @@ def _check_trusted(given: str, resolved: str, st: os.stat_result) -> None:
         raise refusals.untrusted_executable(given, resolved, f"{resolved} is owned by uid {st.st_uid}")
     if st.st_mode & 0o022:
         raise refusals.untrusted_executable(given, resolved, f"{resolved} is writable by group or others")
-    directory = posixpath.dirname(resolved)
+    _check_directories(given, resolved, posixpath.dirname(resolved))
+
+
+def _check_directories(given: str, resolved: str, directory: str) -> None:
+    """No directory from ``directory`` up to ``/`` may be replaceable by someone else."""
+    trusted_owners = {0, os.getuid()}
     while True:
         dst = os.stat(directory)
         if dst.st_uid not in trusted_owners:

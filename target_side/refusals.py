@@ -57,14 +57,14 @@ def bad_mount(subject: str, given: str, resolved: str, why: str) -> RefusedError
     return _refused("bad-mount", subject, given, resolved, f"{resolved} {why}")
 
 
-def not_found(name: str, search_path: str) -> RefusedError:
+def not_found(name: str, where: str) -> RefusedError:
     return _refused(
         "not-found",
         "argv[0]",
         name,
         None,
-        f"{name!r} was not found on the fence's PATH ({search_path}); "
-        "give a program installed on the target, or its absolute path",
+        f"{name!r} was not found {where}; give a program installed on the target, "
+        "or its absolute path",
     )
 
 
