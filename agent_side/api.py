@@ -28,31 +28,30 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
 from agent_side.client import DEFAULT_TIMEOUT, TargetClient, is_loopback, tls_context
 from agent_side.errors import AgentError, UsageError
-from agent_side.ssh import (
-    USER_SSH_CONFIG,
-    Destination,
-    PassphraseSource,
-    SshConnection,
-    SshOptions,
-    SshTimeouts,
-    resolve,
-)
-from agent_side.tunnel import SshTransport
 from agent_side.turns import drive, new_request, output_bytes
 from shared.wire import Event, Health, OutputEvent, Refusal, Turn, TurnRequest
+
+if TYPE_CHECKING:
+    # paramiko is imported only when an SSH target is opened: it adds about a
+    # third of a second to the start of every paddock command that never uses it.
+    from agent_side.ssh import PassphraseSource, SshConnection, SshTimeouts
 
 DEFAULT_ROLE = "default"
 DEFAULT_SSH_TARGET = "http://127.0.0.1:8443"
 """The target's listener as seen from the SSH server: paddock-target's default address."""
+
+CANCEL_WAIT_S = 60.0
+"""How long a cancelled run waits for its submission's answer, to know which turn to kill."""
 
 _T = TypeVar("_T")
 
@@ -117,7 +116,7 @@ class Target:
         identity_files: Sequence[str] = (),
         known_hosts: Sequence[str] = (),
         passphrase: str | PassphraseSource | None = None,
-        ssh_config: str | None = USER_SSH_CONFIG,
+        ssh_config: str | None = "~/.ssh/config",
         use_agent: bool = True,
         timeouts: SshTimeouts | None = None,
         timeout: httpx.Timeout = DEFAULT_TIMEOUT,
@@ -128,7 +127,10 @@ class Target:
         ``ssh_config``. Connects at once, so an unknown host, a changed host key
         or rejected keys are raised here, before any turn.
         """
-        _refuse_plain_http_off_loopback(url)
+        from agent_side.ssh import Destination, SshConnection, SshOptions, SshTimeouts, resolve
+        from agent_side.tunnel import SshTransport
+
+        scheme = _checked_ssh_url(url).scheme
         options = SshOptions(
             identity_files=tuple(identity_files),
             known_hosts=tuple(known_hosts),
@@ -140,7 +142,7 @@ class Target:
         connection = SshConnection(resolve(Destination.parse(destination), options), options)
         connection.connect()
         try:
-            context = tls_context(cacert) if url.startswith("https:") else None
+            context = tls_context(cacert) if scheme == "https" else None
             transport = SshTransport(connection, ssl_context=context)
             client = TargetClient(url, token, transport=transport, timeout=timeout)
         except BaseException:
@@ -189,8 +191,14 @@ class Target:
         ``on_event`` sees every event once, as it arrives (output included).
         """
         request = new_request(
-            role=role or self._role, argv=argv, cwd=cwd, env=env, read=read, write=write,
-            network=network, wall_s=timeout,
+            role=role or self._role,
+            argv=argv,
+            cwd=cwd,
+            env=env,
+            read=read,
+            write=write,
+            network=network,
+            wall_s=timeout,
         )
         return self.run_request(request, on_event=on_event)
 
@@ -289,8 +297,14 @@ class AsyncTarget:
     ) -> RunResult:
         """Like ``Target.run``, awaited; cancelling it kills the turn."""
         request = new_request(
-            role=role or self.target.role, argv=argv, cwd=cwd, env=env, read=read, write=write,
-            network=network, wall_s=timeout,
+            role=role or self.target.role,
+            argv=argv,
+            cwd=cwd,
+            env=env,
+            read=read,
+            write=write,
+            network=network,
+            wall_s=timeout,
         )
         return await self.run_request(request, on_event=on_event)
 
@@ -299,16 +313,15 @@ class AsyncTarget:
     ) -> RunResult:
         """Like ``Target.run_request``, awaited; cancelling it kills the turn."""
         target = self.target
-        submitted: list[str] = []
-        work = functools.partial(
-            target.run_request, request, on_event=on_event, on_submitted=submitted.append
+        submission = _Submission()
+        work = self._pool.submit(
+            target.run_request, request, on_event=on_event, on_submitted=submission.submitted
         )
+        work.add_done_callback(lambda _: submission.settle())
         try:
-            return await self._call(work)
+            return await asyncio.wrap_future(work)
         except asyncio.CancelledError:
-            if submitted:
-                with contextlib.suppress(AgentError, RuntimeError):
-                    await asyncio.shield(self._call(target.client.signal, submitted[0], "KILL"))
+            await asyncio.shield(self._call(_kill_once_submitted, target, submission))
             raise
 
     async def aclose(self) -> None:
@@ -333,6 +346,35 @@ class AsyncTarget:
         return await loop.run_in_executor(self._pool, functools.partial(function, *args))
 
 
+class _Submission:
+    """The turn id of a run on a worker thread, once its submission has returned."""
+
+    def __init__(self) -> None:
+        self._settled = threading.Event()
+        self.turn_id: str | None = None
+
+    def submitted(self, turn_id: str) -> None:
+        self.turn_id = turn_id
+        self._settled.set()
+
+    def settle(self) -> None:
+        """The run ended, submitted or not: nobody needs to wait any longer."""
+        self._settled.set()
+
+    def wait(self, timeout: float) -> str | None:
+        self._settled.wait(timeout)
+        return self.turn_id
+
+
+def _kill_once_submitted(target: Target, submission: _Submission) -> None:
+    # A cancel can come while the submission is still in flight (the turn may
+    # already run): wait for its answer, which the HTTP timeouts bound.
+    turn_id = submission.wait(CANCEL_WAIT_S)
+    if turn_id is not None:
+        with contextlib.suppress(AgentError, RuntimeError):
+            target.client.signal(turn_id, "KILL")
+
+
 class _Collector:
     def __init__(self, on_event: Callable[[Event], None] | None) -> None:
         self._on_event = on_event
@@ -353,14 +395,17 @@ def _passphrase_source(passphrase: str | PassphraseSource | None) -> PassphraseS
     return passphrase
 
 
-def _refuse_plain_http_off_loopback(url: str) -> None:
+def _checked_ssh_url(url: str) -> httpx.URL:
+    """The listener's URL, as seen from the SSH server; plain HTTP only to its loopback."""
     try:
         parsed = httpx.URL(url)
     except httpx.InvalidURL as exc:
         raise UsageError(f"target URL {url!r} is not a URL: {exc}") from exc
-    host = parsed.host
-    if parsed.scheme == "http" and not is_loopback(host):
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise UsageError(f"target URL {url!r} must look like http://127.0.0.1:PORT")
+    if parsed.scheme == "http" and not is_loopback(parsed.host):
         raise UsageError(
-            f"refusing plain HTTP from the SSH server to {host}: the token would cross the "
-            "network unencrypted; name a loopback listener or use https://"
+            f"refusing plain HTTP from the SSH server to {parsed.host}: the token would cross "
+            "the network unencrypted; name a loopback listener or use https://"
         )
+    return parsed

@@ -27,17 +27,19 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import NoReturn, TextIO
+from typing import TYPE_CHECKING, NoReturn, TextIO
 
 from agent_side.api import DEFAULT_SSH_TARGET, Target
 from agent_side.client import TargetClient
 from agent_side.errors import AgentError, UsageError
-from agent_side.ssh import PassphraseSource, interactive_passphrase
 from agent_side.turns import drive, new_request, output_bytes
 from agent_side.turns import exit_status as exit_status  # re-exported: the CLI's status rule
 from shared import __version__
 from shared.exit_status import ExitStatus, for_signal
 from shared.wire import Event, OutputEvent, Refusal, Turn, TurnRequest
+
+if TYPE_CHECKING:
+    from agent_side.ssh import PassphraseSource
 
 DEFAULT_ROLE = "default"
 INTERRUPTED = for_signal(signal.SIGINT)
@@ -107,7 +109,8 @@ class _Parser(argparse.ArgumentParser):
 
 def _add_target_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--target", metavar="URL",
+        "--target",
+        metavar="URL",
         help=f"target URL (PADDOCK_TARGET); with --ssh, as seen from the SSH host "
         f"(default {DEFAULT_SSH_TARGET})",
     )
@@ -117,11 +120,18 @@ def _add_target_options(parser: argparse.ArgumentParser) -> None:
         "--ssh", metavar="USER@HOST[:PORT]", help="reach the target through one SSH connection"
     )
     parser.add_argument(
-        "-i", dest="identity", action="append", default=[], metavar="KEY",
+        "-i",
+        dest="identity",
+        action="append",
+        default=[],
+        metavar="KEY",
         help="SSH private key to offer (repeatable; the SSH agent is used too)",
     )
     parser.add_argument(
-        "--known-hosts", action="append", default=[], metavar="F",
+        "--known-hosts",
+        action="append",
+        default=[],
+        metavar="F",
         help="known_hosts file to check besides ~/.ssh/known_hosts (repeatable)",
     )
 
@@ -168,8 +178,11 @@ def resolve_connection(
 
 
 def _refuse_ssh_options_without_ssh(args: argparse.Namespace) -> None:
-    given = [flag for flag, value in (("-i", args.identity), ("--known-hosts", args.known_hosts))
-             if value]
+    given = [
+        flag
+        for flag, value in (("-i", args.identity), ("--known-hosts", args.known_hosts))
+        if value
+    ]
     if given:
         raise UsageError(f"{' and '.join(given)} only apply with --ssh USER@HOST")
 
@@ -181,14 +194,20 @@ def open_target(
     if not getattr(args, "ssh", None):
         return Target.https(connection.url, token=connection.token, cacert=connection.cacert)
     return Target.ssh(
-        args.ssh, token=connection.token, url=connection.url, cacert=connection.cacert,
-        identity_files=args.identity, known_hosts=args.known_hosts,
+        args.ssh,
+        token=connection.token,
+        url=connection.url,
+        cacert=connection.cacert,
+        identity_files=args.identity,
+        known_hosts=args.known_hosts,
         passphrase=ssh_passphrase(environ),
     )
 
 
 def ssh_passphrase(environ: Mapping[str, str]) -> PassphraseSource:
     """PADDOCK_SSH_PASSPHRASE when set (for unattended use), else a prompt on the terminal."""
+    from agent_side.ssh import interactive_passphrase
+
     secret = environ.get("PADDOCK_SSH_PASSPHRASE")
     if secret is not None:
         return lambda _path: secret
@@ -290,8 +309,11 @@ def run_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 def _refuse_with_local(args: argparse.Namespace) -> None:
     flags = (
-        ("--target", args.target), ("--cacert", args.cacert), ("--ssh", args.ssh),
-        ("-i", args.identity), ("--known-hosts", args.known_hosts),
+        ("--target", args.target),
+        ("--cacert", args.cacert),
+        ("--ssh", args.ssh),
+        ("-i", args.identity),
+        ("--known-hosts", args.known_hosts),
     )
     given = [f for f, v in flags if v]
     if getattr(args, "token_file", None):

@@ -188,9 +188,16 @@ class TargetClient:
                 raise _status_error(response, turn_id=turn_id)
             _require_event_stream(response)
             decoder = SSEDecoder()
-            for chunk in response.iter_bytes():
+            chunks = response.iter_bytes()
+            for chunk in chunks:
                 for frame in decoder.feed(chunk):
-                    yield _event_of(frame)
+                    event = _event_of(frame)
+                    if event.kind in TERMINAL_KINDS:
+                        # Read the stream's last bytes before handing over the end: a
+                        # response closed unread costs the pooled connection.
+                        for _ in chunks:
+                            pass
+                    yield event
             decoder.close()
 
     def follow(self, turn_id: str, after: int = 0) -> Iterator[Event]:

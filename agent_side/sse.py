@@ -32,10 +32,15 @@ class ServerSentEvent:
 
 
 class _LineSplitter:
-    """Splits text into lines at CRLF, LF or CR, across chunk boundaries."""
+    """Splits text into lines at CRLF, LF or CR, across chunk boundaries.
+
+    Only the new text is scanned; an unfinished line is kept in pieces and
+    joined once, so a long line arriving in many chunks costs linear time.
+    """
 
     def __init__(self) -> None:
-        self._partial = ""
+        self._pieces: list[str] = []
+        self._partial_chars = 0
         # A chunk ending in CR ends a line at once; an LF opening the next chunk
         # is that CR's other half, not an empty line (which would dispatch early).
         self._swallow_lf = False
@@ -46,18 +51,26 @@ class _LineSplitter:
         if self._swallow_lf and text.startswith("\n"):
             text = text[1:]
         self._swallow_lf = False
-        buffer = self._partial + text
         lines: list[str] = []
         start = 0
-        for match in _LINE_END.finditer(buffer):
-            lines.append(buffer[start : match.start()])
+        for match in _LINE_END.finditer(text):
+            lines.append(self._finish(text[start : match.start()]))
             start = match.end()
-        self._partial = buffer[start:]
-        if start and buffer[start - 1] == "\r" and start == len(buffer):
+        if start and text[start - 1] == "\r" and start == len(text):
             self._swallow_lf = True
-        if len(self._partial) > MAX_EVENT_CHARS:
+        if start < len(text):
+            self._pieces.append(text[start:])
+            self._partial_chars += len(text) - start
+        if self._partial_chars > MAX_EVENT_CHARS:
             raise ProtocolError(f"an event-stream line exceeds {MAX_EVENT_CHARS} characters")
         return lines
+
+    def _finish(self, tail: str) -> str:
+        if not self._pieces:
+            return tail
+        line = "".join([*self._pieces, tail])
+        self._pieces, self._partial_chars = [], 0
+        return line
 
 
 class SSEDecoder:

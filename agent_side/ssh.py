@@ -61,14 +61,27 @@ USER_SSH_CONFIG = "~/.ssh/config"
 DEFAULT_IDENTITIES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
 
 WINDOW_SIZE = 8 * 1024 * 1024
-"""Receive window of each channel: bounds throughput at window/RTT (8 MiB: 160 MB/s at 50 ms).
+"""Receive window of each channel, chosen by measurement; throughput is at most window / RTT.
 
-Chosen by measurement (bench/ssh_tunnel.py): on loopback every size from 2 to
-32 MiB gave the same throughput, so the window is sized for the links that
-need it; paramiko only grows it as data is consumed, so memory stays small.
+A turn's event stream carries about 20 MB/s end to end whatever the window
+(the target's event pipeline and SSE parsing bound it, not SSH). Raw channel
+throughput in MB/s, 64 KiB packets, to a real sshd on a loaded 2-core machine;
+RTT added by a delaying proxy; a cell is the range of separate runs, each the
+median of three transfers:
+
+    window   loopback   20 ms RTT   50 ms RTT
+     2 MiB   105-181     66          36
+     4 MiB   142-150     80-115      65
+     8 MiB    93-148     75-101      92-96
+    16 MiB    85-108    162          110-127
+
+8 MiB keeps the tunnel ahead of the event stream up to ~300 ms RTT. Larger
+windows lose on short links: paramiko moves a channel's whole unread buffer on
+each read, and a fast sender keeps up to a window of it buffered per channel.
 """
 MAX_PACKET_SIZE = 64 * 1024
-"""Largest data packet the server may send us: halves per-packet overhead against 32 KiB."""
+"""Largest data packet the server may send us. 32 KiB (OpenSSH's default) was up
+to 2x slower with windows of 8 MiB and more; 128 KiB gained nothing over 64 KiB."""
 
 PassphraseSource = Callable[[str], str | None]
 """Given a key file's path, its passphrase, or None when there is none to give."""
@@ -233,13 +246,20 @@ class _RefuseUnknownHost(paramiko.RejectPolicy):
         endpoint = self._endpoint
         port = "" if endpoint.port == DEFAULT_PORT else f"-p {endpoint.port} "
         checked = ", ".join(self._files) or "none exist"
+        kind = key.get_name()
         raise HostKeyUnknown(
             f"{hostname} is not a known host (known_hosts files checked: {checked}); "
-            f"it offered the {key.get_name()} key {key.fingerprint}. Compare that fingerprint "
-            f"with `ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub` run on the target, then add it: "
-            f"ssh-keyscan {port}-t {key.get_name()} {endpoint.hostname} >> ~/.ssh/known_hosts "
+            f"it offered the {kind} key {key.fingerprint}. Compare that fingerprint with "
+            f"`ssh-keygen -lf {_host_key_file(kind)}` run on the target, then add it: "
+            f"ssh-keyscan {port}-t {kind} {endpoint.hostname} >> ~/.ssh/known_hosts "
             "(or append to a file given with --known-hosts)"
         )
+
+
+def _host_key_file(key_type: str) -> str:
+    """Where OpenSSH keeps the host's public key of ``key_type``, to read its fingerprint."""
+    kind = next((k for k in ("ed25519", "ecdsa", "rsa") if k in key_type), "*")
+    return f"/etc/ssh/ssh_host_{kind}_key.pub"
 
 
 def _changed_key(
@@ -268,17 +288,17 @@ class _LockedKeyFile(PrivateKey):
         self._passphrase = passphrase
 
     def __repr__(self) -> str:
-        return self._repr(path=self.path)  # never the passphrase
+        return str(self._repr(path=self.path))  # never the passphrase
 
     def authenticate(self, transport: paramiko.Transport) -> list[str]:
         secret = self._passphrase(self.path) if self._passphrase is not None else None
         if secret is None:
             raise paramiko.PasswordRequiredException(
-                f"{self.path} needs a passphrase and none was given "
-                "(ssh-add it to the agent, or set PADDOCK_SSH_PASSPHRASE)"
+                f"{self.path} needs a passphrase and none was given (load it into the "
+                "agent with ssh-add, or set PADDOCK_SSH_PASSPHRASE; from Python, passphrase=)"
             )
         try:
-            self.pkey = paramiko.PKey.from_path(self.path, secret)
+            self.pkey = paramiko.PKey.from_path(self.path, secret.encode())
         except (paramiko.SSHException, ValueError) as exc:
             raise paramiko.AuthenticationException(
                 f"{self.path}: the passphrase does not unlock it"
@@ -294,7 +314,7 @@ class _KeyFile(PrivateKey):
         self.pkey = pkey
 
     def __repr__(self) -> str:
-        return self._repr(path=self.path)
+        return str(self._repr(path=self.path))
 
 
 class _Keys(AuthStrategy):
@@ -323,7 +343,8 @@ class _Keys(AuthStrategy):
         for path in self._identity_files():
             try:
                 yield _KeyFile(user, path, paramiko.PKey.from_path(path))
-            except paramiko.PasswordRequiredException:
+            except (paramiko.PasswordRequiredException, TypeError):
+                # cryptography says TypeError for an OpenSSH-format key that needs a passphrase.
                 locked.append(path)
             except (OSError, paramiko.SSHException, ValueError) as exc:
                 self.unusable.append(f"{path} ({exc})")
@@ -435,8 +456,11 @@ class SshConnection:
         options = self._options
         try:
             return transport.open_channel(
-                "direct-tcpip", (host, port), ("127.0.0.1", 0),
-                window_size=options.window_size, max_packet_size=options.max_packet_size,
+                "direct-tcpip",
+                (host, port),
+                ("127.0.0.1", 0),
+                window_size=options.window_size,
+                max_packet_size=options.max_packet_size,
                 timeout=timeout,
             )
         except paramiko.ChannelException as exc:
@@ -497,9 +521,14 @@ class SshConnection:
             try:
                 # With an auth_strategy, connect() returns what each key offered came to.
                 result = client.connect(
-                    endpoint.hostname, endpoint.port, username=endpoint.user, sock=sock,
-                    timeout=timeouts.connect, banner_timeout=timeouts.banner,
-                    auth_timeout=timeouts.auth, channel_timeout=timeouts.channel,
+                    endpoint.hostname,
+                    endpoint.port,
+                    username=endpoint.user,
+                    sock=sock,
+                    timeout=timeouts.connect,
+                    banner_timeout=timeouts.banner,
+                    auth_timeout=timeouts.auth,
+                    channel_timeout=timeouts.channel,
                     transport_factory=functools.partial(
                         paramiko.Transport,
                         default_window_size=options.window_size,
@@ -558,9 +587,7 @@ def _tcp_connect(endpoint: Endpoint, timeouts: SshTimeouts) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     if hasattr(socket, "TCP_USER_TIMEOUT"):
         # Keepalives alone never fail: without this a dead link holds for ~15 minutes.
-        sock.setsockopt(
-            socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(timeouts.dead_link * 1000)
-        )
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(timeouts.dead_link * 1000))
     return sock
 
 

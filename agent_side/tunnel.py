@@ -30,6 +30,13 @@ from agent_side.ssh import SshConnection
 
 _T = TypeVar("_T")
 
+CHANNEL_READ_BYTES = 1024 * 1024
+"""Each read takes up to this much from the channel, however little httpcore asks for.
+
+paramiko's channel buffer moves all its unread bytes on every read; with a
+full window, reading 64 KiB at a time spends more time moving than receiving.
+"""
+
 TLS_RECORD_BYTES = 16 * 1024 + 512
 """Largest TLS record on the wire (RFC 8446, 5.2): one read always makes progress."""
 
@@ -57,13 +64,22 @@ class ChannelStream(httpcore.NetworkStream):
 
     def __init__(self, channel: paramiko.Channel) -> None:
         self._channel = channel
+        self._pending = b""
+        self._offset = 0
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         # b"" at end of stream, which is also what a channel closed by a dropped
         # connection returns: httpcore then sees a peer that hung up mid-response.
+        if self._offset >= len(self._pending):
+            self._pending, self._offset = self._recv(timeout), 0
+        data = self._pending[self._offset : self._offset + max_bytes]
+        self._offset += len(data)
+        return data
+
+    def _recv(self, timeout: float | None) -> bytes:
         try:
             self._channel.settimeout(timeout)
-            data: bytes = self._channel.recv(max_bytes)
+            data: bytes = self._channel.recv(CHANNEL_READ_BYTES)
         except TimeoutError as exc:
             raise httpcore.ReadTimeout(f"no data on the SSH channel for {timeout} s") from exc
         except (OSError, EOFError, paramiko.SSHException) as exc:
@@ -97,7 +113,8 @@ class ChannelStream(httpcore.NetworkStream):
             # An idle pooled connection with something to read has been closed by
             # the server (or lost with the SSH connection): the pool must drop it.
             channel = self._channel
-            return channel.recv_ready() or channel.eof_received or channel.closed
+            unread = self._offset < len(self._pending)
+            return unread or channel.recv_ready() or channel.eof_received or channel.closed
         return None
 
 
@@ -258,6 +275,8 @@ class SshTransport(httpx.BaseTransport):
         )
         with _mapped_httpcore_errors():
             response = self._pool.handle_request(core_request)
+        if not isinstance(response.stream, Iterable):  # a sync pool answers with a sync stream
+            raise TypeError("httpcore answered a synchronous request with an async stream")
         return httpx.Response(
             status_code=response.status,
             headers=response.headers,

@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,18 +48,6 @@ def percentile(values: Sequence[float], q: float) -> float:
     low = int(position)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
-def time_runs(action: Callable[[], object], runs: int, warmup: int = 2) -> Samples:
-    """Run ``action`` ``warmup`` times untimed, then ``runs`` times timed."""
-    for _ in range(warmup):
-        action()
-    values = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        action()
-        values.append(time.perf_counter() - started)
-    return Samples(tuple(values))
 
 
 def run_quiet(argv: Sequence[str], env: dict[str, str] | None = None) -> None:
@@ -185,6 +173,22 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def fsync_cost(writes: int = 20) -> str:
+    """p50 of fsync after a small append in a temporary directory: what durable records cost."""
+    values = []
+    with temp_dir("paddock-bench-fsync-") as path:
+        fd = os.open(path / "probe", os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600)
+        try:
+            for _ in range(writes):
+                os.write(fd, b"x" * 256 + b"\n")
+                started = time.perf_counter()
+                os.fsync(fd)
+                values.append(time.perf_counter() - started)
+        finally:
+            os.close(fd)
+    return f"p50 {ms(percentile(values, 50))} ms after a 257-byte append (temp dir)"
+
+
 def machine_facts() -> list[tuple[str, str]]:
     usable = len(os.sched_getaffinity(0))
     return [
@@ -194,6 +198,7 @@ def machine_facts() -> list[tuple[str, str]]:
         ("ssh", tool_version(["ssh", "-V"])),
         ("python", f"{platform.python_version()} ({PYTHON})"),
         ("user", f"uid {os.getuid()}"),
+        ("fsync", fsync_cost()),
     ]
 
 

@@ -1,26 +1,23 @@
-"""Section ``latency``: how long a turn running ``true`` takes, end to end, against baselines."""
+"""Section ``latency``: how long a turn running ``true`` takes, end to end, against baselines.
+
+Every target, sshd and connection is set up first; then the rows are timed in
+interleaved rounds (one run of each row per round), so a change in the
+machine's load during the section touches every row alike.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agent_side.client import TargetClient
-from bench.common import (
-    PYTHON,
-    REPO,
-    Samples,
-    child_env,
-    ms,
-    ratio,
-    render_table,
-    run_quiet,
-    time_runs,
-)
-from bench.sshd import control_master, local_sshd, ssh_missing
+from bench.common import PYTHON, REPO, Samples, child_env, ms, ratio, render_table, run_quiet
+from bench.sshd import LocalSsh, control_master, local_sshd, ssh_missing
 from bench.targets import ROLE, TargetInfo, embedded_target, target_process
-from shared.wire import TERMINAL_KINDS, Turn, TurnRequest
+from shared.wire import TERMINAL_KINDS, ExitEvent, Turn, TurnRequest
 
 BARE_BWRAP = [
     "bwrap", "--unshare-all", "--unshare-user", "--disable-userns",
@@ -34,14 +31,21 @@ BARE_BWRAP = [
 ]
 """bubblewrap with the process flags of paddock's fence, and only /usr mounted."""
 
+SPAWN = "spawn /usr/bin/true"
+BWRAP = "bwrap, fence flags, true"
 TRUE_REQUEST = TurnRequest(role=ROLE, argv=["true"])
+WARMUP = 2
 
 
 @dataclass
 class Row:
+    """One line of the table: what is timed, and its timings once measured."""
+
     name: str
-    samples: Samples | None
+    action: Callable[[], object] | None
     note: str = ""
+    slow: bool = False
+    values: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -50,6 +54,7 @@ class Split:
 
     submit: list[float] = field(default_factory=list)
     follow: list[float] = field(default_factory=list)
+    turn_ids: list[str] = field(default_factory=list)
     to_started: list[float] = field(default_factory=list)
     to_ended: list[float] = field(default_factory=list)
     wall: list[float] = field(default_factory=list)
@@ -63,99 +68,106 @@ class Split:
             self.wall.append(turn.usage.wall_s)
 
 
-def run(runs: int) -> str:
-    """Measure every row and return the section's tables."""
-    rows: list[Row] = [
-        Row("spawn /usr/bin/true", time_runs(lambda: run_quiet(["/usr/bin/true"]), runs)),
-        Row("bwrap, fence flags, true", time_runs(lambda: run_quiet(BARE_BWRAP), runs)),
-        Row("python -c pass", time_runs(lambda: run_quiet([PYTHON, "-c", "pass"]), runs)),
+def run(runs: int, slow_runs: int) -> str:
+    """Measure every row and return the section's tables.
+
+    Rows that start an interpreter or an SSH connection each time (``slow``)
+    run in every k-th round only, about ``slow_runs`` times in all.
+    """
+    splits: dict[str, Split] = {}
+    with contextlib.ExitStack() as stack:
+        embedded = stack.enter_context(embedded_target())
+        separate = stack.enter_context(target_process())
+        embedded_client = stack.enter_context(embedded.client())
+        separate_client = stack.enter_context(separate.client())
+        rows = [
+            *_baseline_rows(),
+            _client_row("paddock client, embedded target", embedded_client, splits),
+            _client_row("paddock client, target process", separate_client, splits),
+            _events_to_end_row(stack.enter_context(separate.client())),
+            *_http_floor_rows(separate, stack.enter_context(separate.client())),
+            _cli_row("paddock run -- true (CLI process)", separate, []),
+            *_ssh_rows(stack, separate),
+        ]
+        _measure(rows, runs, max(1, round(runs / slow_runs)))
+        for name, client in (
+            ("paddock client, embedded target", embedded_client),
+            ("paddock client, target process", separate_client),
+        ):
+            split = splits[name]
+            for turn_id in split.turn_ids[-runs:]:
+                split.add_server_view(client.turn(turn_id))
+    return "\n\n".join([_main_table(rows), _split_table(splits, runs)])
+
+
+def _measure(rows: list[Row], runs: int, stride: int) -> None:
+    for row in rows:
+        for _ in range(1 if row.slow else WARMUP):
+            if row.action is not None:
+                row.action()
+    for round_no in range(runs):
+        for row in rows:
+            if row.action is None or (row.slow and round_no % stride):
+                continue
+            started = time.perf_counter()
+            row.action()
+            row.values.append(time.perf_counter() - started)
+
+
+def _baseline_rows() -> list[Row]:
+    return [
+        Row(SPAWN, lambda: run_quiet(["/usr/bin/true"])),
+        Row(BWRAP, lambda: run_quiet(BARE_BWRAP)),
+        Row("python -c pass", lambda: run_quiet([PYTHON, "-c", "pass"])),
         Row(
             "python -c 'import agent_side.cli'",
-            time_runs(
-                lambda: run_quiet([PYTHON, "-c", "import agent_side.cli"], child_env()), runs
-            ),
+            lambda: run_quiet([PYTHON, "-c", "import agent_side.cli"], child_env()),
+            "the CLI's imports", slow=True,
         ),
     ]
-    rows += _ssh_rows(runs)
-    splits: dict[str, Split] = {}
-    with embedded_target() as target:
-        rows.append(_client_row("paddock client, embedded target", target, runs, splits))
-    with target_process() as target:
-        rows.append(_client_row("paddock client, target process", target, runs, splits))
-        rows.append(_events_to_end_row(target, runs))
-        rows += _http_floor_rows(target, runs)
-        rows.append(_cli_row(target, runs))
-    return "\n\n".join([_main_table(rows), _split_table(splits)])
 
 
-def _ssh_rows(runs: int) -> list[Row]:
-    missing = ssh_missing()
-    if missing is not None:
-        return [Row("ssh", None, f"ssh: skipped ({missing})")]
-    with local_sshd() as ssh:
-        fresh = time_runs(lambda: run_quiet(ssh.argv(["true"])), runs)
-        with control_master(ssh):
-            shared = time_runs(lambda: run_quiet(ssh.argv(["true"], shared=True)), runs)
-    return [
-        Row("ssh 127.0.0.1 true, new connection", fresh),
-        Row("ssh 127.0.0.1 true, ControlMaster", shared),
-    ]
+def _client_row(name: str, client: TargetClient, splits: dict[str, Split]) -> Row:
+    split = splits.setdefault(name, Split())
+    client.health()
+
+    def one_turn() -> None:
+        started = time.perf_counter()
+        turn = client.submit(TRUE_REQUEST)
+        submitted = time.perf_counter()
+        _follow_to_exit(client, turn.turn_id)
+        split.submit.append(submitted - started)
+        split.follow.append(time.perf_counter() - submitted)
+        split.turn_ids.append(turn.turn_id)
+
+    return Row(name, one_turn, "submit + follow() to exit")
 
 
-def _client_row(name: str, target: TargetInfo, runs: int, splits: dict[str, Split]) -> Row:
-    split = Split()
-    turn_ids: list[str] = []
-    with target.client() as client:
-        client.health()
+def _events_to_end_row(client: TargetClient) -> Row:
+    client.health()
 
-        def one_turn() -> None:
-            started = time.perf_counter()
-            turn = client.submit(TRUE_REQUEST)
-            submitted = time.perf_counter()
-            _follow_to_exit(client, turn.turn_id)
-            split.submit.append(submitted - started)
-            split.follow.append(time.perf_counter() - submitted)
-            turn_ids.append(turn.turn_id)
+    def one_turn() -> None:
+        turn = client.submit(TRUE_REQUEST)
+        kinds = [event.kind for event in client.events(turn.turn_id)]
+        if not TERMINAL_KINDS.intersection(kinds):
+            raise RuntimeError(f"turn {turn.turn_id} stream ended without exit: {kinds}")
 
-        samples = time_runs(one_turn, runs)
-        for turn_id in turn_ids[-runs:]:
-            split.add_server_view(client.turn(turn_id))
-    split.submit, split.follow = split.submit[-runs:], split.follow[-runs:]
-    splits[name] = split
-    return Row(name, samples, "submit + follow to exit")
+    return Row("paddock client, events() to end", one_turn, "stream drained, connection kept")
 
 
-def _events_to_end_row(target: TargetInfo, runs: int) -> Row:
-    with target.client() as client:
-        client.health()
-
-        def one_turn() -> None:
-            turn = client.submit(TRUE_REQUEST)
-            kinds = [event.kind for event in client.events(turn.turn_id)]
-            if not TERMINAL_KINDS.intersection(kinds):
-                raise RuntimeError(f"turn {turn.turn_id} stream ended without exit: {kinds}")
-
-        samples = time_runs(one_turn, runs)
-    return Row("paddock client, events() read to end", samples, "stream drained: keeps connection")
-
-
-def _http_floor_rows(target: TargetInfo, runs: int) -> list[Row]:
-    with target.client() as client:
-        kept = time_runs(client.health, runs)
-
+def _http_floor_rows(target: TargetInfo, client: TargetClient) -> list[Row]:
     def fresh_client() -> None:
-        with target.client() as client:
-            client.health()
+        with target.client() as fresh:
+            fresh.health()
 
-    fresh = time_runs(fresh_client, runs)
     return [
-        Row("GET /v1/health, kept connection", kept, "HTTP floor, no turn"),
-        Row("GET /v1/health, new TLS connection", fresh, "HTTP floor + TLS handshake"),
+        Row("GET /v1/health, kept connection", client.health, "HTTP floor, no turn"),
+        Row("GET /v1/health, new TLS connection", fresh_client, "HTTP floor + TLS handshake"),
     ]
 
 
-def _cli_row(target: TargetInfo, runs: int) -> Row:
-    argv = [PYTHON, "-m", "agent_side.cli", "run", "--", "true"]
+def _cli_row(name: str, target: TargetInfo, options: list[str]) -> Row:
+    argv = [PYTHON, "-m", "agent_side.cli", "run", *options, "--", "true"]
     env = target.cli_env()
 
     def one() -> None:
@@ -165,59 +177,81 @@ def _cli_row(target: TargetInfo, runs: int) -> Row:
         if done.returncode != 0:
             raise RuntimeError(f"paddock run exited {done.returncode}: {done.stderr.decode()}")
 
-    return Row("paddock run -- true (CLI process)", time_runs(one, runs), "incl. interpreter start")
+    return Row(name, one, "incl. interpreter start", slow=True)
+
+
+def _ssh_rows(stack: contextlib.ExitStack, target: TargetInfo) -> list[Row]:
+    missing = ssh_missing()
+    if missing is not None:
+        return [Row(f"ssh: skipped ({missing})", None)]
+    ssh: LocalSsh = stack.enter_context(local_sshd())
+    stack.enter_context(control_master(ssh))
+    tunnel = _cli_row("paddock run --ssh -- true (CLI)", target, ssh.paddock_options(target.url))
+    tunnel.note = "one paramiko connection"
+    return [
+        Row("ssh 127.0.0.1 true, new connection", lambda: run_quiet(ssh.argv(["true"])), slow=True),
+        Row(
+            "ssh 127.0.0.1 true, ControlMaster",
+            lambda: run_quiet(ssh.argv(["true"], shared=True)), "master opened beforehand",
+            slow=True,
+        ),
+        tunnel,
+    ]
 
 
 def _follow_to_exit(client: TargetClient, turn_id: str) -> None:
     last = None
     for event in client.follow(turn_id):
         last = event
-    if last is None or last.kind != "exit" or getattr(last, "exit_code", None) != 0:
+    if not isinstance(last, ExitEvent) or last.exit_code != 0:
         raise RuntimeError(f"turn {turn_id} did not exit 0: {last}")
 
 
 def _main_table(rows: list[Row]) -> str:
-    spawn = _p50_of(rows, "spawn /usr/bin/true")
-    bwrap = _p50_of(rows, "bwrap, fence flags, true")
+    spawn = _p50_of(rows, SPAWN)
+    bwrap = _p50_of(rows, BWRAP)
     out = []
     for row in rows:
-        if row.samples is None:
-            out.append([row.note, "", "", "", "", "", ""])
+        if not row.values:
+            out.append([row.name, "", "", "", "", "", "", row.note])
             continue
-        s = row.samples
+        s = Samples(tuple(row.values))
         out.append([
-            row.name, ms(s.p50), ms(s.p95), ms(s.mean),
+            row.name, str(len(s.values)), ms(s.p50), ms(s.p95), ms(s.mean),
             ratio(s.p50, bwrap), ratio(s.p50, spawn), row.note,
         ])
-    runs = max((len(r.samples.values) for r in rows if r.samples), default=0)
     title = (
-        f"1. Turn latency, `true` ({runs} runs per row after 2 warm-up runs; times in ms;\n"
+        "1. Turn latency, `true` (times in ms; rows interleaved round by round after warm-up;\n"
         "   'x bwrap' = row p50 / bare bwrap p50, 'x spawn' = row p50 / bare spawn p50)"
     )
-    headers = ["row", "p50", "p95", "mean", "x bwrap", "x spawn", "note"]
+    headers = ["row", "n", "p50", "p95", "mean", "x bwrap", "x spawn", "note"]
     return render_table(title, headers, out)
 
 
-def _split_table(splits: dict[str, Split]) -> str:
+def _split_table(splits: dict[str, Split], runs: int) -> str:
     rows = []
     for name, split in splits.items():
         for label, values in (
-            ("client: POST /v1/turns answered", split.submit),
-            ("client: follow() until exit event", split.follow),
+            ("client: POST /v1/turns answered", split.submit[-runs:]),
+            ("client: follow() to exit event", split.follow[-runs:]),
             ("target: created -> started", split.to_started),
             ("target: started -> ended", split.to_ended),
             ("target: bwrap process lifetime", split.wall),
         ):
             if values:
                 s = Samples(tuple(values))
-                rows.append([f"{name}: {label}", ms(s.p50), ms(s.p95), ms(s.mean)])
-    title = "1b. Where a paddock turn's time goes (ms)"
+                rows.append([f"{name.removeprefix('paddock client, ')}: {label}",
+                             ms(s.p50), ms(s.p95), ms(s.mean)])
+    title = (
+        "1b. Where a paddock client turn's time goes (ms; 'target:' rows are from the\n"
+        "    Turn's created_at/started_at/ended_at and usage.wall_s)"
+    )
     return render_table(title, ["part", "p50", "p95", "mean"], rows)
 
 
 def _p50_of(rows: list[Row], name: str) -> float | None:
     for row in rows:
-        if row.name == name and row.samples is not None:
-            return row.samples.p50
+        if row.name == name and row.values:
+            return Samples(tuple(row.values)).p50
     return None
 

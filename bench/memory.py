@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from bench.common import kib_field, proc_status, render_table
 from bench.targets import ROLE, TargetInfo, target_process
@@ -25,6 +25,7 @@ class Sample:
     threads: int
     fds: int
     submit_s: float | None = None
+    per_turn_kib: float | None = None
 
 
 @dataclass
@@ -58,16 +59,41 @@ class _Tracker:
             raise RuntimeError(f"only {self.submitted} of {self.expected} turns were submitted")
 
 
-def run(sleep_s: float) -> str:
-    """Start a target process, load it level by level, and return the section's table."""
+def run(sleep_s: float, sequential: int) -> str:
+    """Start a target process, load it level by level, and return the section's table.
+
+    Then ``sequential`` ``true`` turns twice over: first each event stream read
+    to its end, then followed with ``follow()``, which stops at the exit event.
+    """
     with target_process() as target:
-        samples = [_sample("idle (started, no turn yet)", target.pid, 0)]
+        idle = _sample("idle (started, no turn yet)", target.pid, 0)
+        samples = [idle]
         for level in LEVELS:
-            samples.append(_level(target, level, sleep_s))
+            loaded = _level(target, level, sleep_s)
+            samples.append(replace(loaded, per_turn_kib=(loaded.rss_kib - idle.rss_kib) / level))
             samples.append(_sample(f"  after those {level} ended", target.pid, 0))
         time.sleep(1.0)
         samples.append(_sample("after all turns ended (+1 s)", target.pid, 0))
+        for label, drain in (("events() read to end", True), ("follow() to exit event", False)):
+            before = samples[-1].rss_kib
+            _sequential(target, sequential, drain)
+            after = _sample(f"+{sequential} `true` turns, {label}", target.pid, 0)
+            samples.append(replace(after, per_turn_kib=(after.rss_kib - before) / sequential))
     return _table(samples, sleep_s)
+
+
+def _sequential(target: TargetInfo, count: int, drain: bool) -> None:
+    """``count`` turns one after another on one client, each stream drained or followed."""
+    request = TurnRequest(role=ROLE, argv=["true"])
+    with target.client() as client:
+        for _ in range(count):
+            turn = client.submit(request)
+            events = client.events(turn.turn_id) if drain else client.follow(turn.turn_id)
+            last = None
+            for event in events:
+                last = event
+            if not isinstance(last, ExitEvent) or last.exit_code != 0:
+                raise RuntimeError(f"turn {turn.turn_id} ended with {last}")
 
 
 def _level(target: TargetInfo, count: int, sleep_s: float) -> Sample:
@@ -90,7 +116,7 @@ def _level(target: TargetInfo, count: int, sleep_s: float) -> Sample:
         thread.join(sleep_s + SUBMIT_TIMEOUT_S)
     if tracker.errors:
         raise RuntimeError(f"a turn failed: {tracker.errors[0]!r}") from tracker.errors[0]
-    return Sample(**{**sample.__dict__, "submit_s": submit_s})
+    return replace(sample, submit_s=submit_s)
 
 
 def _one_turn(target: TargetInfo, request: TurnRequest, tracker: _Tracker) -> None:
@@ -126,7 +152,7 @@ def _table(samples: list[Sample], sleep_s: float) -> str:
     rows = []
     for s in samples:
         delta = s.rss_kib - idle
-        per_turn = f"{delta / s.running:.0f}" if s.running else ""
+        per_turn = "" if s.per_turn_kib is None else f"{s.per_turn_kib:.0f}"
         rows.append([
             s.label, str(s.running), f"{s.rss_kib / 1024:.1f}", f"{delta / 1024:+.1f}",
             per_turn, f"{s.hwm_kib / 1024:.1f}", str(s.threads), str(s.fds),
@@ -135,7 +161,8 @@ def _table(samples: list[Sample], sleep_s: float) -> str:
     title = (
         "3. Target process memory (VmRSS of `python -m target_side.cli serve`; each turn\n"
         f"   submitted by its own client thread and followed to exit; sampled {SETTLE_S:g} s\n"
-        f"   after the last submit answered; turns run `sleep {sleep_s:g}`)"
+        f"   after the last submit answered; turns run `sleep {sleep_s:g}`. KiB/turn: growth\n"
+        "   over idle per running turn, or for the +N rows, growth over the row above / N)"
     )
     headers = [
         "state", "running", "RSS MiB", "vs idle", "KiB/turn", "peak MiB", "threads", "fds",

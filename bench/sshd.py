@@ -23,7 +23,7 @@ SSHD = "/usr/sbin/sshd"
 SSH = "/usr/bin/ssh"
 SSH_KEYGEN = "/usr/bin/ssh-keygen"
 PRIVSEP_DIR = Path("/run/sshd")
-"""sshd (as root) refuses to start without its privilege-separation directory."""
+"""sshd (as root) refuses to start, or to serve a connection, without this directory."""
 
 
 def ssh_missing() -> str | None:
@@ -63,6 +63,13 @@ class LocalSsh:
             "-p", str(self.port),
         ]
 
+    def paddock_options(self, target_url: str) -> list[str]:
+        """``paddock run`` options that reach ``target_url`` through this sshd."""
+        return [
+            "--ssh", f"{self.user}@127.0.0.1:{self.port}", "-i", str(self.key),
+            "--known-hosts", str(self.directory / "known_hosts"), "--target", target_url,
+        ]
+
     def argv(self, remote: Sequence[str], *, shared: bool = False) -> list[str]:
         """``ssh ... user@127.0.0.1 REMOTE``; ``shared`` rides the ControlMaster connection."""
         control = ["-o", "ControlMaster=no", "-o", f"ControlPath={self.control_path}"]
@@ -75,25 +82,36 @@ class LocalSsh:
 @contextlib.contextmanager
 def local_sshd() -> Iterator[LocalSsh]:
     """Start sshd on a free loopback port with fresh keys; stop it and remove everything after."""
-    with temp_dir("paddock-bench-ssh-") as directory, _privsep_dir():
-        ssh = LocalSsh(free_port(), getpass.getuser(), directory)
+    with temp_dir("paddock-bench-ssh-") as directory:
+        _ensure_privsep_dir()
         _make_keys(directory)
+        proc, ssh = _start_sshd(directory)
+        try:
+            yield ssh
+        finally:
+            stop_process(proc)
+
+
+def _start_sshd(directory: Path, tries: int = 3) -> tuple[subprocess.Popen[bytes], LocalSsh]:
+    """sshd on a port that was free a moment ago; another try if someone took it first."""
+    log = directory / "sshd.log"
+    for attempt in range(1, tries + 1):
+        ssh = LocalSsh(free_port(), getpass.getuser(), directory)
         config = _write_config(ssh)
-        log = directory / "sshd.log"
-        with open(log, "wb") as out:
+        with open(log, "ab") as out:
             proc = subprocess.Popen(
                 [SSHD, "-D", "-e", "-f", str(config)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             )
         try:
-            try:
-                wait_for_port(ssh.port, proc)
-                run_quiet(ssh.argv(["true"]))  # also records the host key
-            except RuntimeError as exc:
-                raise RuntimeError(f"{exc}\nsshd log:\n{tail(log)}") from exc
-            yield ssh
-        finally:
+            wait_for_port(ssh.port, proc)
+            run_quiet(ssh.argv(["true"]))  # also records the host key
+            return proc, ssh
+        except RuntimeError as exc:
             stop_process(proc)
+            if attempt == tries:
+                raise RuntimeError(f"{exc}\nsshd log:\n{tail(log)}") from exc
+    raise AssertionError("unreachable")
 
 
 @contextlib.contextmanager
@@ -112,7 +130,7 @@ def control_master(ssh: LocalSsh) -> Iterator[None]:
         yield
     finally:
         subprocess.run(
-            [SSH, "-o", f"ControlPath={ssh.control_path}", "-O", "exit", "x"],
+            [SSH, "-F", "/dev/null", "-o", f"ControlPath={ssh.control_path}", "-O", "exit", "x"],
             capture_output=True, check=False, timeout=10,
         )
         stop_process(proc)
@@ -124,7 +142,7 @@ def _wait_for_master(ssh: LocalSsh, proc: subprocess.Popen[bytes]) -> None:
         if proc.poll() is not None:
             raise RuntimeError(f"the ssh ControlMaster exited {proc.returncode}")
         check = subprocess.run(
-            [SSH, "-o", f"ControlPath={ssh.control_path}", "-O", "check", "x"],
+            [SSH, "-F", "/dev/null", "-o", f"ControlPath={ssh.control_path}", "-O", "check", "x"],
             capture_output=True, check=False,
         )
         if check.returncode == 0:
@@ -133,19 +151,13 @@ def _wait_for_master(ssh: LocalSsh, proc: subprocess.Popen[bytes]) -> None:
     raise RuntimeError("the ssh ControlMaster did not come up")
 
 
-@contextlib.contextmanager
-def _privsep_dir() -> Iterator[None]:
-    """Make /run/sshd for the run if we are root and it is missing; remove it if we made it."""
-    made = False
-    if os.getuid() == 0 and not PRIVSEP_DIR.exists():
-        PRIVSEP_DIR.mkdir(mode=0o755)
-        made = True
-    try:
-        yield
-    finally:
-        if made:
-            with contextlib.suppress(OSError):
-                PRIVSEP_DIR.rmdir()
+def _ensure_privsep_dir() -> None:
+    """Make /run/sshd if we are root and it is missing, as the openssh-server package would.
+
+    It is left in place afterwards: any other sshd on this machine needs it too.
+    """
+    if os.getuid() == 0:
+        PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)
 
 
 def _make_keys(directory: Path) -> None:

@@ -18,17 +18,19 @@ class Sizes:
     """How much work each section does."""
 
     runs: int
+    slow_runs: int
     stream_bytes: int
     sleep_s: float
+    sequential: int
 
 
-FULL = Sizes(runs=50, stream_bytes=200 * MIB, sleep_s=5.0)
-QUICK = Sizes(runs=15, stream_bytes=50 * MIB, sleep_s=3.0)
+FULL = Sizes(runs=50, slow_runs=17, stream_bytes=200 * MIB, sleep_s=5.0, sequential=100)
+QUICK = Sizes(runs=10, slow_runs=3, stream_bytes=50 * MIB, sleep_s=3.0, sequential=30)
 
 SECTIONS: dict[str, Callable[[Sizes], str]] = {
-    "latency": lambda sizes: latency.run(sizes.runs),
+    "latency": lambda sizes: latency.run(sizes.runs, sizes.slow_runs),
     "throughput": lambda sizes: throughput.run(sizes.stream_bytes),
-    "memory": lambda sizes: memory.run(sizes.sleep_s),
+    "memory": lambda sizes: memory.run(sizes.sleep_s, sizes.sequential),
 }
 
 
@@ -38,8 +40,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--quick", action="store_true",
-        help=f"fewer runs ({QUICK.runs}), {QUICK.stream_bytes // MIB} MiB streams, "
-        f"`sleep {QUICK.sleep_s:g}` turns",
+        help=f"fewer runs ({QUICK.runs}/{QUICK.slow_runs}), "
+        f"{QUICK.stream_bytes // MIB} MiB streams, `sleep {QUICK.sleep_s:g}` turns",
     )
     parser.add_argument(
         "--only", action="append", choices=sorted(SECTIONS), metavar="NAME",
@@ -53,6 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = QUICK if args.quick else FULL
     chosen = [name for name in SECTIONS if not args.only or name in args.only]
     _print_facts(sizes, args.quick)
+    began = time.monotonic()
     failed = 0
     for name in chosen:
         started = time.monotonic()
@@ -62,17 +65,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             failed += 1
             table = f"{name}: FAILED: {type(exc).__name__}: {exc}"
         print(f"\n{table}\n({name}: {time.monotonic() - started:.1f} s)", flush=True)
+    print(f"\ntotal {time.monotonic() - began:.0f} s; load after: {_load()}")
     return 1 if failed else 0
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def _print_facts(sizes: Sizes, quick: bool) -> None:
     print("paddock benchmarks" + (" (--quick)" if quick else ""))
     for key, value in machine_facts():
         print(f"  {key:<7} {value}")
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"  {'load':<7} {load} (1/5/15 min, before the run)")
+    print(f"  {'load':<7} {_load()} (1/5/15 min, before the run)")
     print(
-        f"  {'sizes':<7} {sizes.runs} runs per latency row, "
-        f"{sizes.stream_bytes // MIB} MiB streams, `sleep {sizes.sleep_s:g}` turns"
+        f"  {'sizes':<7} {sizes.runs} runs per latency row ({sizes.slow_runs} for slow rows), "
+        f"{sizes.stream_bytes // MIB} MiB streams, `sleep {sizes.sleep_s:g}` turns, "
+        f"{sizes.sequential} sequential turns"
     )
     sys.stdout.flush()

@@ -152,37 +152,50 @@ def target_process() -> Iterator[TargetInfo]:
     """A target as its own process, from a TOML config, stopped (SIGTERM) on leaving."""
     with temp_dir("paddock-bench-") as path:
         root = _prepare(path)
-        port = free_port()
-        config = path / "target.toml"
-        config.write_text(_config_toml(root, port))
-        os.chmod(config, 0o600)
-        log = path / "target.log"
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                [PYTHON, "-m", "target_side.cli", "serve", "--config", str(config)],
-                cwd=REPO, env=child_env(), stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT,
-            )
+        proc, info = _start_serving(root)
         try:
-            info = TargetInfo(
-                f"https://127.0.0.1:{port}", root.token, str(root.cacert),
-                str(root.workspace), proc.pid,
-            )
-            _wait_healthy(info, proc, log)
             yield info
         finally:
             stop_process(proc)
 
 
-def _wait_healthy(info: TargetInfo, proc: subprocess.Popen[bytes], log: Path) -> None:
+def _start_serving(root: _Root, tries: int = 3) -> tuple[subprocess.Popen[bytes], TargetInfo]:
+    """``serve`` on a port that was free a moment ago; another try if someone took it first."""
+    config = root.path / "target.toml"
+    log = root.path / "target.log"
+    for attempt in range(1, tries + 1):
+        port = free_port()
+        config.write_text(_config_toml(root, port))
+        os.chmod(config, 0o600)
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
+                [PYTHON, "-m", "target_side.cli", "serve", "--config", str(config)],
+                cwd=REPO, env=child_env(), stdin=subprocess.DEVNULL, stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        info = TargetInfo(
+            f"https://127.0.0.1:{port}", root.token, str(root.cacert), str(root.workspace),
+            proc.pid,
+        )
+        try:
+            _wait_healthy(info, proc)
+            return proc, info
+        except RuntimeError as exc:
+            stop_process(proc)
+            if attempt == tries:
+                raise RuntimeError(f"{exc}; its log:\n{tail(log)}") from exc
+    raise AssertionError("unreachable")
+
+
+def _wait_healthy(info: TargetInfo, proc: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 20
     with TargetClient(info.url, None, cacert=info.cacert) as client:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise RuntimeError(f"the target process exited {proc.returncode}:\n{tail(log)}")
+                raise RuntimeError(f"the target process exited {proc.returncode}")
             try:
                 client.health()
                 return
             except AgentError:
                 time.sleep(0.05)
-    raise RuntimeError(f"the target process did not answer /v1/health:\n{tail(log)}")
+    raise RuntimeError("the target process did not answer /v1/health within 20 s")

@@ -17,7 +17,7 @@ from shared.wire import ExitEvent, OutputEvent, TurnRequest
 READ_CHUNK = 64 * 1024
 PRINTABLE_LINE = "abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
-NUL_DIVISOR = 25
+NUL_DIVISOR = 50
 """The /dev/zero turn moves N / NUL_DIVISOR bytes: at its rate N would take minutes."""
 RANDOM_DIVISOR = 4
 
@@ -39,10 +39,10 @@ def run(size: int) -> str:
     zero = ["head", "-c", str(size), "/dev/zero"]
     pipe = _best(3, lambda: _read_all(zero, size))
     rows = [Row("pipe: head /dev/zero, read by python", size, pipe)]
-    rows.append(_ssh_row(size))
     with target_process() as target:
-        rows += _paddock_rows(target, size)
-    return _table(rows, size)
+        paddock = _paddock_rows(target, size)
+        ssh = _ssh_rows(target, size)
+    return _table([*rows, *ssh[:1], *paddock, *ssh[1:]], size)
 
 
 def _paddock_rows(target: TargetInfo, size: int) -> list[Row]:
@@ -65,22 +65,30 @@ def _paddock_rows(target: TargetInfo, size: int) -> list[Row]:
             f"not UTF-8 -> base64; N/{RANDOM_DIVISOR}",
         ),
         Row(
-            "paddock run CLI: yes | head (text)", rnd,
+            "paddock run CLI: yes | head", rnd,
             _cli(target, ["sh", "-c", f"yes {PRINTABLE_LINE} | head -c {rnd}"], rnd),
             f"CLI stdout read by a pipe; N/{RANDOM_DIVISOR}",
         ),
     ]
 
 
-def _ssh_row(size: int) -> Row:
+def _ssh_rows(target: TargetInfo, size: int) -> list[Row]:
     missing = ssh_missing()
-    name = "ssh 127.0.0.1 head /dev/zero"
     if missing is not None:
-        return Row(name, size, None, f"ssh: skipped ({missing})")
+        return [Row("ssh", size, None, f"ssh: skipped ({missing})")]
+    quarter = size // RANDOM_DIVISOR
+    text = ["sh", "-c", f"yes {PRINTABLE_LINE} | head -c {quarter}"]
     with local_sshd() as ssh:
         argv = ssh.argv(["head", "-c", str(size), "/dev/zero"])
-        seconds = _best(2, lambda: _read_all(argv, size))
-    return Row(name, size, seconds, "new connection each run")
+        plain = _read_all(argv, size)
+        tunnel = _cli(target, text, quarter, ssh.paddock_options(target.url))
+    return [
+        Row("ssh 127.0.0.1 head /dev/zero", size, plain, "new connection each run"),
+        Row(
+            "paddock run --ssh CLI: yes | head", quarter, tunnel,
+            f"through one paramiko connection; N/{RANDOM_DIVISOR}",
+        ),
+    ]
 
 
 def _read_all(
@@ -117,8 +125,8 @@ def _turn(target: TargetInfo, argv: list[str], size: int) -> float:
     return seconds
 
 
-def _cli(target: TargetInfo, argv: list[str], size: int) -> float:
-    cli = [PYTHON, "-m", "agent_side.cli", "run", "--", *argv]
+def _cli(target: TargetInfo, argv: list[str], size: int, options: Sequence[str] = ()) -> float:
+    cli = [PYTHON, "-m", "agent_side.cli", "run", *options, "--", *argv]
     return _read_all(cli, size, env=target.cli_env(), cwd=REPO)
 
 
@@ -144,7 +152,7 @@ def _table(rows: list[Row], size: int) -> str:
         ])
     title = (
         f"2. Stream throughput (N = {size / MIB:g} MiB; 'x pipe' = row MiB/s / pipe MiB/s;\n"
-        "   pipe and ssh: best of several runs; paddock: one turn, submit to exit event,\n"
+        "   pipe: best of 3 runs; others: one run; paddock rows: submit to exit event,\n"
         "   against a separate target process)"
     )
     return render_table(title, ["row", "MiB", "s", "MiB/s", "x pipe", "note"], out)

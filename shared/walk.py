@@ -47,12 +47,17 @@ class Conflict(StrEnum):
 def canonical_path(path: str | os.PathLike[str]) -> str:
     """Resolve ``path`` physically, following symlinks as far as the path exists.
 
-    Raises ``RelativePathError`` for a relative path and ``SymlinkLoopError``
-    after ``MAX_SYMLINK_HOPS`` symlinks.
+    Raises ``RelativePathError`` for a relative path, ``SymlinkLoopError``
+    after ``MAX_SYMLINK_HOPS`` symlinks, and ``WalkError`` for a path no
+    system call could take.
     """
     text = os.fspath(path)
     if not text.startswith("/"):
         raise RelativePathError(f"{text!r} is relative; an absolute path is required")
+    if "\0" in text:
+        # Would surface as a ValueError from the first lstat, past callers
+        # that catch WalkError to refuse a request.
+        raise WalkError(f"{text!r} contains a NUL byte")
     resolved: list[str] = []
     pending = deque(text.split("/"))
     hops = 0
@@ -85,8 +90,10 @@ def _link_target(path: str) -> str | None:
     try:
         st = os.lstat(path)
     except OSError as exc:
-        # Past the first missing (or non-directory) component the rest is only text.
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        # Past the first missing (or non-directory) component the rest is only
+        # text. A name too long to look up cannot be there either; realpath -m
+        # carries on as text in that case too.
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG):
             return None
         raise
     if not stat.S_ISLNK(st.st_mode):

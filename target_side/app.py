@@ -5,7 +5,6 @@ bodies; a refused turn is a turn, not an HTTP error. No handler waits on a
 turn's process, and no traceback ever reaches a client.
 """
 
-
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping
@@ -18,16 +17,23 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shared.wire import (
-    TERMINAL_KINDS, Event, Health, PlanResult, Problem, ProblemField, SignalRequest, Turn,
-    TurnRequest, is_turn_id,
+    TERMINAL_KINDS,
+    Health,
+    PlanResult,
+    Problem,
+    ProblemField,
+    SignalRequest,
+    Turn,
+    TurnRequest,
+    is_turn_id,
 )
+from target_side import syscall_filter
 from target_side.auth import AuthError, RoleNotHeld, TokenRoles, require_role
+from target_side.body_limit import BodyLimit
 from target_side.config import Settings
 from target_side.errors import BackendError
 from target_side.health import HealthBoard
-from target_side import syscall_filter
 from target_side.launch import probe
-from target_side.body_limit import BodyLimit
 from target_side.scratch import FailureHook, no_failure
 from target_side.turns import StdinClosed, TurnManager, TurnNotRunning, TurnRecord, UnknownTurn
 
@@ -55,7 +61,9 @@ def create_app(settings: Settings, inject: FailureHook = no_failure) -> FastAPI:
         sweeper.cancel()
         await manager.shutdown()
 
-    app = FastAPI(title="paddock target", version="1", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(
+        title="paddock target", version="1", lifespan=lifespan, docs_url=None, redoc_url=None
+    )
     app.state.manager = manager
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY)
     _install_problem_handlers(app)
@@ -78,7 +86,8 @@ def create_app(settings: Settings, inject: FailureHook = no_failure) -> FastAPI:
 
     @app.post("/v1/turns", status_code=201)
     async def submit(
-        request: TurnRequest, roles: Roles,
+        request: TurnRequest,
+        roles: Roles,
         idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
     ) -> Turn:
         require_role(roles, request.role)
@@ -98,7 +107,8 @@ def create_app(settings: Settings, inject: FailureHook = no_failure) -> FastAPI:
         start = max(after, last_event_id or 0)
         stream = _sse(record, start, wait, settings.server.heartbeat_s)
         return StreamingResponse(
-            stream, media_type="text/event-stream",
+            stream,
+            media_type="text/event-stream",
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
 
@@ -175,11 +185,10 @@ async def _sse(
     loop = asyncio.get_running_loop()
     seq, quiet_since = after, loop.time()
     while True:
-        batch = await record.spool.read_after(seq)
-        for event in batch:
-            yield _frame(event)
-            seq = event.seq
-            if event.kind in TERMINAL_KINDS:
+        batch = await record.spool.raw_after(seq)
+        for seq, kind, line in batch:
+            yield b"id: %d\nevent: %s\ndata: %s\n\n" % (seq, kind.encode(), line)
+            if kind in TERMINAL_KINDS:
                 return
         if batch:
             quiet_since = loop.time()
@@ -193,14 +202,13 @@ async def _sse(
             yield b": ping\n\n"
 
 
-def _frame(event: Event) -> bytes:
-    data = event.model_dump_json(exclude_none=True)
-    return f"id: {event.seq}\nevent: {event.kind}\ndata: {data}\n\n".encode()
-
-
-def _problem(status: int, title: str, detail: str | None = None, errors: list[ProblemField] | None = None) -> JSONResponse:
+def _problem(
+    status: int, title: str, detail: str | None = None, errors: list[ProblemField] | None = None
+) -> JSONResponse:
     body = Problem(title=title, status=status, detail=detail, errors=errors or [])
-    return JSONResponse(body.model_dump(exclude_none=True), status_code=status, media_type=PROBLEM_JSON)
+    return JSONResponse(
+        body.model_dump(exclude_none=True), status_code=status, media_type=PROBLEM_JSON
+    )
 
 
 def _install_problem_handlers(app: FastAPI) -> None:

@@ -50,6 +50,11 @@ def _parser() -> argparse.ArgumentParser:
     mint.add_argument("--config", type=_absolute, help="store the token's hash in this config")
     mint.set_defaults(handler=_mint)
 
+    doctor = commands.add_parser("doctor", help="say what is enforced here and what is degraded")
+    doctor.add_argument("--config", type=_absolute, default=Path("/etc/paddock/target.toml"))
+    doctor.add_argument("--json", action="store_true", help="the findings as one JSON object")
+    doctor.set_defaults(handler=_doctor)
+
     ledger = commands.add_parser("ledger", help="work with the ledger")
     ledger_commands = ledger.add_subparsers(required=True, metavar="ACTION")
     check_ledger = ledger_commands.add_parser("verify", help="check the ledger's hash chain")
@@ -97,6 +102,12 @@ def _mint(args: argparse.Namespace) -> int:
     print(f"token for role {args.role} (shown once; keep it secret): {token}")
     print(f'[roles.{args.role}]\ntoken_sha256 = "{token_sha256(token)}"')
     return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from target_side import doctor  # only this command needs it
+
+    return doctor.run(args.config, as_json=args.json)
 
 
 def _verify_ledger(args: argparse.Namespace) -> int:

@@ -36,12 +36,16 @@ class LaunchFds:
 
     status: int
     block: int
+    """The read end bwrap waits on (``--block-fd``)."""
+    gate: int
+    """The write end, also inherited: while the fence's first process holds it, it can never
+    read end-of-file, so a server that dies before releasing it cannot set it running unlimited."""
     held: HeldFence
     script: int | None = None
     seccomp: int | None = None
 
     def passed(self) -> tuple[int, ...]:
-        own = (self.status, self.block, self.script, self.seccomp)
+        own = (self.status, self.block, self.gate, self.script, self.seccomp)
         return (*(fd for fd in own if fd is not None), *self.held.fds())
 
 
@@ -144,7 +148,7 @@ async def launch_turn(
         block_read, block_write = os.pipe()
         opened += (block_read, block_write)
         fds = LaunchFds(
-            status=status_write, block=block_read, held=held,
+            status=status_write, block=block_read, gate=block_write, held=held,
             script=_opened(opened, script_fd(plan.script) if plan.script is not None else None),
             seccomp=_opened(opened, syscall_filter.filter_fd()),
         )

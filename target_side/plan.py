@@ -33,6 +33,8 @@ ETC_ENTRIES = (
 )
 """The curated /etc: what programs need to run, never /etc as a whole (it holds /etc/shadow)."""
 
+SYSTEM_SUBJECTS = frozenset({"fence.system", "fence.etc"})
+
 SCRIPT_PATH = "/run/paddock/turn.sh"
 """Where a script turn's body appears inside the fence (a read-only copy made by bubblewrap)."""
 
@@ -214,7 +216,11 @@ class _MountPlanner:
         self._check_forbidden(subject, path, resolved)
         target = dest or resolved
         self._check_forbidden(subject, target, posixpath.normpath(target))
-        self.mounts.append(Mount(kind, resolved, target, subject, *_identity(resolved)))
+        # System entries are not pinned to the inode the plan saw: package managers and
+        # useradd replace them by rename, and only root can, so a pin would refuse turns
+        # during routine maintenance and stop no one. They are still bound by descriptor.
+        pinned = _identity(resolved) if subject not in SYSTEM_SUBJECTS else (None, None)
+        self.mounts.append(Mount(kind, resolved, target, subject, *pinned))
         return resolved
 
     def existing(self, kind: Literal["ro", "rw"], path: str, subject: str, dest: str | None = None) -> str:

@@ -262,7 +262,7 @@ class RunningTurn:
         try:
             if self._gate.limits is not None:
                 self._gate.limits.place(sandbox_pid)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             self._limit_failure = f"the turn's limits could not be applied; it did not run: {exc}"
             self.kill()
             self._close_gate()

@@ -28,10 +28,10 @@ class EventSpool:
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self._offsets, self._size, last_kind = _index(path)
+        self._offsets, self._kinds, self._size = _index(path)
         self._file = open(path, "ab", buffering=0)  # noqa: SIM115 - held for the turn's life
         self._changed = asyncio.Event()
-        self.finished = last_kind in TERMINAL_KINDS
+        self.finished = bool(self._kinds) and self._kinds[-1] in TERMINAL_KINDS
         if self.finished:
             self._file.close()
 
@@ -49,6 +49,7 @@ class EventSpool:
         line = event.model_dump_json(exclude_none=True).encode() + b"\n"
         self._file.write(line)
         self._offsets.append(self._size)
+        self._kinds.append(event.kind)
         self._size += len(line)
         if kind in TERMINAL_KINDS:
             self.finished = True
@@ -63,6 +64,14 @@ class EventSpool:
 
     async def read_after(self, after: int) -> list[Event]:
         """Up to ``READ_BATCH`` events with seq > ``after`` (the read runs off the event loop)."""
+        return [EVENTS.validate_json(line) for _, _, line in await self.raw_after(after)]
+
+    async def raw_after(self, after: int) -> list[tuple[int, str, bytes]]:
+        """Up to ``READ_BATCH`` events after ``after`` as (seq, kind, JSON line), unparsed.
+
+        Streaming serves these as they lie on disk: parsing and re-encoding every
+        output chunk would cost more than everything else on the way.
+        """
         first = max(after, 0)
         if first >= self.last_seq:
             return []
@@ -70,7 +79,8 @@ class EventSpool:
         start = self._offsets[first]
         end = self._offsets[last] if last < self.last_seq else self._size
         data = await asyncio.to_thread(_read_range, self.path, start, end)
-        return [EVENTS.validate_json(line) for line in data.splitlines()]
+        lines = data.split(b"\n")[: last - first]
+        return [(first + i + 1, self._kinds[first + i], line) for i, line in enumerate(lines)]
 
     async def wait_beyond(self, seq: int, timeout: float) -> bool:
         """Wait until an event after ``seq`` exists; False if ``timeout`` passed first."""
@@ -88,29 +98,31 @@ class EventSpool:
             self._file.close()
 
 
-def _index(path: Path) -> tuple[list[int], int, str | None]:
-    """Offsets of every complete line of an existing spool, its size, and its last event's kind.
+def _index(path: Path) -> tuple[list[int], list[str], int]:
+    """Offset and kind of every complete line of an existing spool, and its size.
 
     Read in blocks, so memory stays flat whatever the spool's size. A line torn
     by a crash mid-write is cut off: it was never delivered to anyone.
     """
-    if not path.exists():
-        return [], 0, None
     offsets: list[int] = []
-    line_start, position, last_line = 0, 0, b""
+    kinds: list[str] = []
+    if not path.exists():
+        return offsets, kinds, 0
+    line_start = 0
     pending = b""
     with open(path, "rb") as f:
         while block := f.read(1 << 20):
             pending += block
-            while (cut := pending.find(b"\n")) >= 0:
-                offsets.append(line_start)
-                last_line, pending = pending[: cut + 1], pending[cut + 1 :]
-                line_start += cut + 1
-            position += len(block)
+            position = 0
+            while (cut := pending.find(b"\n", position)) >= 0:
+                offsets.append(line_start + position)
+                kinds.append(EVENTS.validate_json(pending[position:cut]).kind)
+                position = cut + 1
+            line_start += position
+            pending = pending[position:]
     if pending:
         os.truncate(path, line_start)
-    kind = EVENTS.validate_json(last_line).kind if last_line else None
-    return offsets, line_start, kind
+    return offsets, kinds, line_start
 
 
 def _read_range(path: Path, start: int, end: int) -> bytes:

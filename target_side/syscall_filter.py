@@ -46,9 +46,7 @@ class FilterUnavailable(Exception):
 @functools.cache
 def _binding() -> ModuleType:
     try:
-        import seccomp  # an optional system package
-
-        return seccomp
+        return importlib.import_module("seccomp")  # where the interpreter already sees it
     except ImportError:
         pass
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:

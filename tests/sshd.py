@@ -6,7 +6,9 @@ own ``/etc/ssh``: the server reads only the files written into ``root``.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pwd
 import signal
 import socket
 import subprocess
@@ -25,7 +27,8 @@ def keygen(path: Path, *, passphrase: str = "", comment: str = "paddock-test") -
     """A fresh ed25519 key pair at ``path`` and ``path.pub``; returns ``path``."""
     subprocess.run(
         ["ssh-keygen", "-q", "-t", "ed25519", "-N", passphrase, "-C", comment, "-f", str(path)],
-        check=True, stdin=subprocess.DEVNULL,
+        check=True,
+        stdin=subprocess.DEVNULL,
     )
     return path
 
@@ -47,7 +50,6 @@ class Sshd:
     locked_key: Path = field(init=False)
     """A client key protected by ``CLIENT_PASSPHRASE``; authorized like ``client_key``."""
     log: Path = field(init=False)
-    extra_config: str = ""
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -56,16 +58,13 @@ class Sshd:
         self.client_key = keygen(self.root / "client_ed25519")
         self.locked_key = keygen(self.root / "locked_ed25519", passphrase=CLIENT_PASSPHRASE)
         authorized = self.root / "authorized_keys"
-        authorized.write_bytes(
-            Path(f"{self.client_key}.pub").read_bytes() + Path(f"{self.locked_key}.pub").read_bytes()
-        )
+        keys = (Path(f"{key}.pub").read_bytes() for key in (self.client_key, self.locked_key))
+        authorized.write_bytes(b"".join(keys))
         authorized.chmod(0o600)
         self.log = self.root / "sshd.log"
 
     @property
     def user(self) -> str:
-        import pwd
-
         return pwd.getpwuid(os.getuid()).pw_name
 
     @property
@@ -86,25 +85,26 @@ class Sshd:
         return path
 
     def config_text(self) -> str:
-        return "\n".join([
-            f"ListenAddress 127.0.0.1:{self.port}",
-            f"HostKey {self.host_key}",
-            f"AuthorizedKeysFile {self.root / 'authorized_keys'}",
-            f"PidFile {self.root / 'sshd.pid'}",
-            "StrictModes no",
-            "UsePAM no",
-            "PermitRootLogin prohibit-password",
-            "PubkeyAuthentication yes",
-            "PasswordAuthentication no",
-            "KbdInteractiveAuthentication no",
-            "AllowTcpForwarding yes",
-            "AllowAgentForwarding no",
-            "X11Forwarding no",
-            "PrintMotd no",
-            "LogLevel VERBOSE",
-            self.extra_config,
-            "",
-        ])
+        return "\n".join(
+            [
+                f"ListenAddress 127.0.0.1:{self.port}",
+                f"HostKey {self.host_key}",
+                f"AuthorizedKeysFile {self.root / 'authorized_keys'}",
+                f"PidFile {self.root / 'sshd.pid'}",
+                "StrictModes no",
+                "UsePAM no",
+                "PermitRootLogin prohibit-password",
+                "PubkeyAuthentication yes",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "AllowTcpForwarding yes",
+                "AllowAgentForwarding no",
+                "X11Forwarding no",
+                "PrintMotd no",
+                "LogLevel VERBOSE",
+                "",
+            ]
+        )
 
     def start(self) -> Sshd:
         # sshd refuses to start without its privilege-separation directory.
@@ -115,8 +115,10 @@ class Sshd:
             config.write_text(self.config_text())
             with open(self.log, "ab") as log:
                 self._proc = subprocess.Popen(
-                    [SSHD, "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL,
-                    stdout=log, stderr=log,
+                    [SSHD, "-D", "-e", "-f", str(config)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
                 )
             if self._wait_listening():
                 return self
@@ -159,10 +161,8 @@ class Sshd:
         """SIGKILL every connection's sshd processes, as a crash or a dropped link would."""
         pids = self.session_pids()
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         return len(pids)
 
     def accepted_logins(self) -> int:

@@ -381,7 +381,7 @@ def test_many_concurrent_turns_complete_with_every_byte(target: Target) -> None:
                 for e in evs
                 if e.kind == "stdout"
             )
-            assert turn.exit_code == 0
+            assert turn.exit_code == 0, turn.refusal
             return hashlib.sha256(data.replace(b"\0", b"x")).hexdigest()
 
     started = time.monotonic()

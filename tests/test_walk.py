@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import stat
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +47,7 @@ REALPATH = "/usr/bin/realpath"
 ELOOP_MESSAGE = "Too many levels of symbolic links"
 # Generous: realpath answers in milliseconds, but the machine may be busy.
 ORACLE_TIMEOUT = 10.0
+WALK_TIMEOUT = 5.0
 
 
 def gnu_realpath_m(*paths: str, timeout: float = ORACLE_TIMEOUT) -> list[str]:
@@ -71,16 +75,37 @@ def gnu_realpath_e_fails(path: str) -> str:
     return done.stderr
 
 
+@contextmanager
+def finishing_within(seconds: float) -> Iterator[None]:
+    """Fail, rather than hang the session, if a loop is never noticed."""
+
+    def give_up(signum: int, frame: object) -> None:
+        raise TimeoutError(f"the walk did not finish within {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, give_up)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def walk(path: str) -> str:
+    with finishing_within(WALK_TIMEOUT):
+        return canonical_path(path)
+
+
 def assert_matches_oracle(*paths: str) -> None:
     expected = gnu_realpath_m(*paths)
     assert len(expected) == len(paths)
     for path, want in zip(paths, expected, strict=True):
-        assert canonical_path(path) == want, path
+        assert walk(path) == want, path
 
 
 def assert_loop_refused(path: str) -> None:
     with pytest.raises(SymlinkLoopError):
-        canonical_path(path)
+        walk(path)
     assert ELOOP_MESSAGE in gnu_realpath_e_fails(path)
 
 
@@ -231,12 +256,21 @@ def test_canonical_path_self_loop_raises(tmp_path: Path) -> None:
     assert stat.S_ISLNK(os.lstat(printed).st_mode)
 
 
+def test_canonical_path_loop_through_a_directory_raises(tmp_path: Path) -> None:
+    # Plain directories between the hops must not reset the count.
+    (tmp_path / "d").mkdir()
+    (tmp_path / "a").symlink_to("d/b")
+    (tmp_path / "d" / "b").symlink_to("../a")
+    assert_loop_refused(f"{tmp_path}/a")
+    assert_loop_refused(f"{tmp_path}/d/b/x")
+
+
 def test_canonical_path_loop_before_dotdot_raises(tmp_path: Path) -> None:
     # The kernel has to resolve the link before ``..`` can apply to it.
     (tmp_path / "self").symlink_to("self")
     assert kernel_errno(f"{tmp_path}/self/..") == errno.ELOOP
     with pytest.raises(SymlinkLoopError):
-        canonical_path(f"{tmp_path}/self/..")
+        walk(f"{tmp_path}/self/..")
 
 
 def test_canonical_path_loop_through_dotdot_raises(tmp_path: Path) -> None:
@@ -247,7 +281,7 @@ def test_canonical_path_loop_through_dotdot_raises(tmp_path: Path) -> None:
     (tmp_path / "pb").symlink_to("pa/..")
     assert kernel_errno(f"{tmp_path}/pa") == errno.ELOOP
     with pytest.raises(SymlinkLoopError):
-        canonical_path(f"{tmp_path}/pa")
+        walk(f"{tmp_path}/pa")
 
 
 def test_canonical_path_chain_at_hop_limit_resolves(tmp_path: Path) -> None:
@@ -323,6 +357,22 @@ def test_canonical_path_file_used_as_directory(tmp_path: Path) -> None:
         f"{base}/to_file/x",
         f"{base}/to_file/../file",
     )
+
+
+def test_canonical_path_overlong_name_is_text(tmp_path: Path) -> None:
+    (tmp_path / "link").symlink_to(".")
+    base = str(tmp_path)
+    long_name = "x" * (os.pathconf(base, "PC_NAME_MAX") + 1)
+    assert_matches_oracle(
+        f"{base}/{long_name}",
+        f"{base}/{long_name}/../link",
+        f"{base}/link/{long_name}/y/..",
+    )
+
+
+def test_canonical_path_nul_byte_raises_walk_error() -> None:
+    with pytest.raises(WalkError):
+        canonical_path("/etc/\0passwd")
 
 
 def test_canonical_path_dotdot_above_root_stays_at_root() -> None:
@@ -496,7 +546,7 @@ def first_refused_prefix(root: str, parts: tuple[str, ...]) -> int:
     """How many components of ``parts`` it takes for the walk to refuse."""
     for k in range(1, len(parts) + 1):
         try:
-            canonical_path(join(root, parts[:k]))
+            walk(join(root, parts[:k]))
         except SymlinkLoopError:
             return k
     raise AssertionError(f"no prefix of {parts} is refused")
@@ -530,7 +580,7 @@ def test_canonical_path_agrees_with_realpath_on_generated_trees(case: Case) -> N
         for parts, separator, trailing in case.paths:
             path = join(root, parts, separator, trailing)
             try:
-                canonical_path(path)
+                walk(path)
             except SymlinkLoopError:
                 refused.append(parts)
             else:
