@@ -36,6 +36,10 @@ class SymlinkLoopError(WalkError):
     """More than ``MAX_SYMLINK_HOPS`` symlinks on one walk: a loop, or a chain too long."""
 
 
+class UnwalkablePathError(WalkError):
+    """A component could not be examined (permission denied, I/O error)."""
+
+
 class Conflict(StrEnum):
     """How a mount path meets a forbidden path."""
 
@@ -95,7 +99,7 @@ def _link_target(path: str) -> str | None:
         # carries on as text in that case too.
         if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG):
             return None
-        raise
+        raise UnwalkablePathError(f"cannot look at {path!r}: {exc.strerror}") from exc
     if not stat.S_ISLNK(st.st_mode):
         return None
     return os.readlink(path)

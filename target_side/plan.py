@@ -16,7 +16,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import Literal
 
-from shared.walk import canonical_path, is_within
+from shared.walk import WalkError, canonical_path, is_within
 from shared.wire import Executable, Limits, TurnRequest
 from target_side import refusals
 from target_side.config import RoleConfig, RoleLimits, Settings
@@ -102,7 +102,8 @@ def plan_turn(
     network = _network(request, role)
     forbidden = forbidden_for(settings, request.role, turn_id, env_in)
     home = str(role_state_dir(settings, request.role) / "home")
-    planner = _MountPlanner(forbidden, tuple(canonical_path(w) for w in role.workspaces))
+    workspaces = tuple(resolve("roles.workspaces", w) for w in role.workspaces)
+    planner = _MountPlanner(forbidden, workspaces)
     planner.system()
     planner.add("rw", str(role_state_dir(settings, request.role)), "roles.state_dir")
     cwd = planner.workspace_dir(request.cwd or role.workspaces[0], "cwd")
@@ -127,6 +128,14 @@ def plan_turn(
         limits=limits, uid=uid, gid=gid, stdin_open=request.stdin == "open",
         keep_scratch=request.keep_scratch, script=script, env_names=tuple(sorted(env)),
     )
+
+
+def resolve(subject: str, path: str) -> str:
+    """``canonical_path``, with a path the walk cannot finish refused against ``subject``."""
+    try:
+        return canonical_path(path)
+    except WalkError as exc:
+        raise refusals.bad_mount(subject, path, path, f"cannot be resolved: {exc}") from exc
 
 
 def effective_limits(asked: Limits, maxima: RoleLimits) -> EffectiveLimits:
@@ -212,7 +221,7 @@ class _MountPlanner:
                 self.existing("ro", path, "fence.etc", dest=path)
 
     def add(self, kind: Literal["ro", "rw"], path: str, subject: str, dest: str | None = None) -> str:
-        resolved = canonical_path(path)
+        resolved = resolve(subject, path)
         self._check_forbidden(subject, path, resolved)
         target = dest or resolved
         self._check_forbidden(subject, target, posixpath.normpath(target))
@@ -224,7 +233,7 @@ class _MountPlanner:
         return resolved
 
     def existing(self, kind: Literal["ro", "rw"], path: str, subject: str, dest: str | None = None) -> str:
-        resolved = canonical_path(path)
+        resolved = resolve(subject, path)
         try:
             st = os.stat(resolved)
         except OSError:
@@ -234,7 +243,7 @@ class _MountPlanner:
         return self.add(kind, path, subject, dest)
 
     def workspace_dir(self, path: str, subject: str) -> str:
-        resolved = canonical_path(path)
+        resolved = resolve(subject, path)
         if not any(is_within(resolved, w) for w in self.workspaces):
             raise refusals.outside_workspace(subject, path, resolved, self.workspaces)
         if not os.path.isdir(resolved):
@@ -243,14 +252,14 @@ class _MountPlanner:
 
     def secret(self, pair: str, subject: str) -> None:
         host, _, inside = pair.partition(":")
-        self.existing("ro", host, subject, dest=inside or canonical_path(host))
+        self.existing("ro", host, subject, dest=inside or resolve(subject, host))
 
     def protect_git(self) -> None:
         """Keep hooks and git config read-only in writable mounts: a hook planted there runs later, unfenced."""
         for mount in [m for m in self.mounts if m.kind == "rw"]:
             for name in (".git/hooks", ".git/config"):
                 inner = posixpath.join(mount.source, name)
-                if os.path.lexists(inner) and canonical_path(inner) == inner:
+                if os.path.lexists(inner) and resolve("fence.git", inner) == inner:
                     self.mounts.append(
                         Mount("ro", inner, posixpath.join(mount.dest, name), "fence.git", *_identity(inner))
                     )
@@ -283,7 +292,7 @@ def resolve_executable(
     refused_as_unrunnable = None
     for directory in search_path.split(":"):
         candidate = posixpath.join(directory, program)
-        if not _visible(canonical_path(candidate), mounts) or not os.path.exists(candidate):
+        if not _visible(resolve("argv[0]", candidate), mounts) or not os.path.exists(candidate):
             continue
         try:
             return candidate, _checked_executable(program, candidate, mounts)
@@ -303,7 +312,7 @@ def _visible(resolved: str, mounts: list[Mount]) -> bool:
 
 
 def _checked_executable(given: str, candidate: str, mounts: list[Mount]) -> Executable:
-    resolved = canonical_path(candidate)
+    resolved = resolve("argv[0]", candidate)
     if not _visible(resolved, mounts):
         raise refusals.not_found(given, f"inside the fence ({resolved} is not mounted there)")
     try:
@@ -316,7 +325,7 @@ def _checked_executable(given: str, candidate: str, mounts: list[Mount]) -> Exec
         raise refusals.not_executable(given, resolved, "has no execute permission (chmod +x it)")
     _check_trusted(given, resolved, st)
     # The directory the name was found in counts too: a symlink there could be repointed.
-    _check_directories(given, resolved, canonical_path(posixpath.dirname(candidate)))
+    _check_directories(given, resolved, resolve("argv[0]", posixpath.dirname(candidate)))
     return Executable(path=resolved, dev=st.st_dev, ino=st.st_ino)
 
 

@@ -329,3 +329,14 @@ def _bwrap_pids_of(marker: str) -> list[int]:
 def _environ(pid: int) -> dict[str, str]:
     raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
     return dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
+
+
+def test_fs_read_through_a_symlink_loop_is_refused_not_a_server_error(
+    client: httpx.Client, target: Target
+) -> None:
+    loop_a, loop_b = target.workspace / "loop-a", target.workspace / "loop-b"
+    for link, to in ((loop_a, loop_b), (loop_b, loop_a)):
+        link.unlink(missing_ok=True)
+        link.symlink_to(to)
+    rule = _refused_without_launch(client, target, fs={"read": [str(loop_a / "x")]})
+    assert rule == "bad-mount"
