@@ -34,9 +34,10 @@ from agent_side.client import TargetClient
 from agent_side.errors import AgentError, UsageError
 from agent_side.turns import drive, new_request, output_bytes
 from agent_side.turns import exit_status as exit_status  # re-exported: the CLI's status rule
+from agent_side.views import print_plan, print_turns, refusal_sentence, say
 from shared import __version__
 from shared.exit_status import ExitStatus, for_signal
-from shared.wire import Event, OutputEvent, Refusal, Turn, TurnRequest
+from shared.wire import Event, OutputEvent, Turn, TurnRequest
 
 if TYPE_CHECKING:
     from agent_side.ssh import PassphraseSource
@@ -81,19 +82,37 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="run one command as a turn and stream its output")
     _add_target_options(run)
-    run.add_argument("--token-file", metavar="F", help="file holding the token (PADDOCK_TOKEN)")
-    run.add_argument("--role", help="role to run as (PADDOCK_ROLE, else 'default')")
-    run.add_argument("--cwd", metavar="D", help="working directory on the target (absolute)")
-    run.add_argument(
-        "-e", "--env", action="append", default=[], metavar="K=V", help="set a variable"
-    )
-    run.add_argument("--write", action="append", default=[], metavar="P", help="writable path")
-    run.add_argument("--read", action="append", default=[], metavar="P", help="read-only path")
-    run.add_argument("--net", action="store_true", help="share the host's network")
-    run.add_argument("--timeout", type=_positive_seconds, metavar="S", help="wall-time limit")
+    _add_request_options(run)
     run.add_argument("--json", action="store_true", help="print events and the turn as JSON lines")
+    run.add_argument(
+        "--no-stdin",
+        action="store_true",
+        help="do not forward this command's stdin (forwarded by default when not a terminal)",
+    )
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD...")
     run.set_defaults(handler=run_command)
+
+    plan = commands.add_parser("plan", help="show the fence a command would get; run nothing")
+    _add_target_options(plan)
+    _add_request_options(plan)
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    plan.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD...")
+    plan.set_defaults(handler=plan_command)
+
+    logs = commands.add_parser("logs", help="print a turn's output (--follow: until it ends)")
+    _add_target_options(logs)
+    _add_token_option(logs)
+    logs.add_argument("turn_id", metavar="TURN")
+    logs.add_argument("--follow", "-f", action="store_true", help="follow until the turn ends")
+    logs.add_argument("--json", action="store_true", help="print events as JSON lines")
+    logs.set_defaults(handler=logs_command)
+
+    turns = commands.add_parser("turns", help="list recent turns of this token's roles")
+    _add_target_options(turns)
+    _add_token_option(turns)
+    turns.add_argument("--limit", type=int, default=20, metavar="N", help="how many (default 20)")
+    turns.add_argument("--json", action="store_true", help="print the turns as JSON lines")
+    turns.set_defaults(handler=turns_command)
 
     health = commands.add_parser("health", help="print the target's health (exit 1: degraded)")
     _add_target_options(health)
@@ -134,6 +153,23 @@ def _add_target_options(parser: argparse.ArgumentParser) -> None:
         metavar="F",
         help="known_hosts file to check besides ~/.ssh/known_hosts (repeatable)",
     )
+
+
+def _add_token_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--token-file", metavar="F", help="file holding the token (PADDOCK_TOKEN)")
+
+
+def _add_request_options(parser: argparse.ArgumentParser) -> None:
+    _add_token_option(parser)
+    parser.add_argument("--role", help="role to run as (PADDOCK_ROLE, else 'default')")
+    parser.add_argument("--cwd", metavar="D", help="working directory on the target (absolute)")
+    parser.add_argument(
+        "-e", "--env", action="append", default=[], metavar="K=V", help="set a variable"
+    )
+    parser.add_argument("--write", action="append", default=[], metavar="P", help="writable path")
+    parser.add_argument("--read", action="append", default=[], metavar="P", help="read-only path")
+    parser.add_argument("--net", action="store_true", help="share the host's network")
+    parser.add_argument("--timeout", type=_positive_seconds, metavar="S", help="wall-time limit")
 
 
 def _positive_seconds(text: str) -> float:
@@ -295,16 +331,32 @@ def run_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         from agent_side.local import LOCAL_ROLE, local_target
 
         local_cwd = os.getcwd()
-        request = build_request(args, args.role or LOCAL_ROLE, local_cwd)
+        request = _with_stdin(args, build_request(args, args.role or LOCAL_ROLE, local_cwd))
         with (
             local_target(local_cwd) as local,
             Target.https(local.url, token=local.token, cacert=local.cacert) as target,
         ):
             return run_turn(target.client, request, as_json=args.json)
     connection = resolve_connection(args, environ)
-    request = build_request(args, resolve_role(args, environ), None)
+    request = _with_stdin(args, build_request(args, resolve_role(args, environ), None))
     with open_target(args, environ, connection) as target:
         return run_turn(target.client, request, as_json=args.json)
+
+
+def _with_stdin(args: argparse.Namespace, request: TurnRequest) -> TurnRequest:
+    """Open the turn's stdin when ours is a pipe or file (``echo x | paddock run -- cat``)."""
+    if args.no_stdin or _stdin_fd() is None:
+        return request
+    return request.model_copy(update={"stdin": "open"})
+
+
+def _stdin_fd() -> int | None:
+    """Our stdin's descriptor if it is something to forward: open, and not a terminal."""
+    try:
+        fd = sys.stdin.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+    return None if os.isatty(fd) else fd
 
 
 def _refuse_with_local(args: argparse.Namespace) -> None:
@@ -327,29 +379,21 @@ def _refuse_with_local(args: argparse.Namespace) -> None:
 def run_turn(client: TargetClient, request: TurnRequest, *, as_json: bool) -> int:
     """Run ``request`` on the target and return the status ``paddock run`` exits with."""
     forwarder = SignalForwarder(client)
+    feeder = StdinFeeder(client) if request.stdin == "open" else None
+
+    def submitted(turn_id: str) -> None:
+        forwarder.attach(turn_id)
+        if feeder is not None:
+            feeder.start(turn_id)
+
     with forwarder.installed():
         sink = _Sink(as_json=as_json, on_broken_pipe=lambda: forwarder.send("TERM"))
-        finished = drive(client, request, sink.event, on_submitted=forwarder.attach)
+        finished = drive(client, request, sink.event, on_submitted=submitted)
     final = finished.turn
     if final.refusal is not None and not sink.refusal_shown:
         say(refusal_sentence(final.refusal))
     sink.turn(final)
     return finished.exit_status
-
-
-def refusal_sentence(refusal: Refusal) -> str:
-    """``refused (RULE, SUBJECT): DETAIL``, naming the path and what it resolved to."""
-    detail = refusal.detail.strip().rstrip(".")
-    where = _refused_path(refusal.path, refusal.resolved)
-    return f"refused ({refusal.rule}, {refusal.subject}): {detail}{where}."
-
-
-def _refused_path(path: str | None, resolved: str | None) -> str:
-    if path and resolved and path != resolved:
-        return f" (path {path} resolves to {resolved})"
-    if path or resolved:
-        return f" (path {path or resolved})"
-    return ""
 
 
 class _Sink:
@@ -472,6 +516,93 @@ class SignalForwarder:
             say(f"sent INT to turn {turn_id}; Ctrl-C again sends KILL")
 
 
+# -- stdin ----------------------------------------------------------------------------
+
+
+class StdinFeeder:
+    """Copies this process's stdin to the turn's, from a helper thread, then closes it."""
+
+    CHUNK = 64 * 1024
+
+    def __init__(self, client: TargetClient) -> None:
+        self._client = client
+
+    def start(self, turn_id: str) -> None:
+        threading.Thread(
+            target=self._copy, args=(turn_id,), daemon=True, name="paddock-stdin"
+        ).start()
+
+    def _copy(self, turn_id: str) -> None:
+        fd = _stdin_fd()
+        try:
+            while fd is not None and (chunk := os.read(fd, self.CHUNK)):
+                self._client.write_stdin(turn_id, chunk)
+            self._client.write_stdin(turn_id, b"", eof=True)
+        except (AgentError, RuntimeError, OSError, ValueError):
+            # The turn ended without reading it all (like a closed pipe), or we are closing.
+            return
+
+
+# -- plan, logs, turns ------------------------------------------------------------------
+
+
+def plan_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """``paddock plan``: print the fence a command would get; exit as ``run`` would refuse."""
+    if args.local:
+        _refuse_with_local(args)
+        from agent_side.local import LOCAL_ROLE, local_target
+
+        local_cwd = os.getcwd()
+        request = build_request(args, args.role or LOCAL_ROLE, local_cwd)
+        with (
+            local_target(local_cwd) as local,
+            Target.https(local.url, token=local.token, cacert=local.cacert) as target,
+        ):
+            return print_plan(target.client.plan(request), as_json=args.json)
+    connection = resolve_connection(args, environ)
+    request = build_request(args, resolve_role(args, environ), None)
+    with open_target(args, environ, connection) as target:
+        return print_plan(target.client.plan(request), as_json=args.json)
+
+
+def logs_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """``paddock logs TURN``: its output so far; with ``--follow``, to its end and status."""
+    _refuse_local_for(args, "logs")
+    connection = resolve_connection(args, environ)
+    with open_target(args, environ, connection) as target:
+        client = target.client
+        sink = _Sink(as_json=args.json, on_broken_pipe=lambda: None)
+        events = (
+            client.follow(args.turn_id) if args.follow else client.events(args.turn_id, wait=0.5)
+        )
+        terminal = None
+        for event in events:
+            sink.event(event)
+            if event.kind in ("exit", "refused"):
+                terminal = event
+        if not args.follow:
+            return 0
+        return exit_status(client.turn(args.turn_id), terminal)
+
+
+def turns_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """``paddock turns``: the recent turns of this token's roles, as a table."""
+    _refuse_local_for(args, "turns")
+    if args.limit < 1:
+        raise UsageError("--limit must be at least 1")
+    connection = resolve_connection(args, environ)
+    with open_target(args, environ, connection) as target:
+        return print_turns(target.client.turns(args.limit), as_json=args.json)
+
+
+def _refuse_local_for(args: argparse.Namespace, command: str) -> None:
+    if args.local:
+        raise UsageError(
+            f"--local starts a target that lives only for one 'paddock run'; "
+            f"'paddock {command}' needs a lasting one (--target or --ssh)"
+        )
+
+
 # -- health ---------------------------------------------------------------------------
 
 
@@ -500,19 +631,9 @@ def _print_health(target: Target) -> int:
 # -- output ---------------------------------------------------------------------------
 
 
-def say(message: str) -> None:
-    """One ``paddock: ...`` line on stderr, control characters made visible."""
-    print(f"paddock: {_visible(message)}", file=sys.stderr, flush=True)
-
-
 def _failed(exc: AgentError) -> int:
     say(f"{exc.label}: {exc}")
     return int(ExitStatus.PADDOCK_FAILED)
-
-
-def _visible(text: str) -> str:
-    # Text from the target must not drive the terminal (escape sequences, fake lines).
-    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import TypeVar
 
 import httpx
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, RootModel, ValidationError
 
 from agent_side.errors import (
     AgentError,
@@ -39,6 +39,7 @@ from shared.wire import (
     TERMINAL_KINDS,
     Event,
     Health,
+    PlanResult,
     Problem,
     SignalRequest,
     Turn,
@@ -49,6 +50,12 @@ DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
 """Reads allow 30 s of silence: twice the target's default heartbeat on event streams."""
 
 _Model = TypeVar("_Model", bound=BaseModel)
+
+
+class _TurnList(RootModel[list[Turn]]):
+    """The body of ``GET /v1/turns``."""
+
+
 _MAX_SHOWN_BODY = 200
 
 
@@ -168,6 +175,29 @@ class TargetClient:
         response = self._request("POST", path, content=body, turn_id=turn_id)
         return self._model(Turn, response, 202)
 
+    def write_stdin(self, turn_id: str, data: bytes, *, eof: bool = False) -> Turn:
+        """Send ``data`` to the stdin of a turn started with ``stdin: open``; ``eof`` closes it."""
+        path = f"/v1/turns/{_segment(turn_id)}/stdin"
+        response = self._request(
+            "POST",
+            path,
+            content=data,
+            params={"eof": "1"} if eof else None,
+            content_type="application/octet-stream",
+            turn_id=turn_id,
+        )
+        return self._model(Turn, response, 202)
+
+    def turns(self, limit: int = 50) -> list[Turn]:
+        """The newest ``limit`` turns of this token's roles, newest first."""
+        response = self._request("GET", "/v1/turns", params={"limit": str(limit)})
+        return self._model(_TurnList, response, 200).root
+
+    def plan(self, request: TurnRequest) -> PlanResult:
+        """The fence ``request`` would get, or its refusal; nothing is launched."""
+        body = request.model_dump_json(exclude_none=True).encode()
+        return self._model(PlanResult, self._request("POST", "/v1/plan", content=body), 200)
+
     def events(self, turn_id: str, after: int = 0, wait: float | None = None) -> Iterator[Event]:
         """The turn's events with seq > ``after``, as they arrive, until the stream ends.
 
@@ -261,14 +291,18 @@ class TargetClient:
         auth: bool = True,
         content: bytes | None = None,
         headers: dict[str, str] | None = None,
+        params: dict[str, str] | None = None,
+        content_type: str = "application/json",
         turn_id: str | None = None,
     ) -> httpx.Response:
         self._require_open()
         all_headers = {**(self._auth if auth else {}), **(headers or {})}
         if content is not None:
-            all_headers["Content-Type"] = "application/json"
+            all_headers["Content-Type"] = content_type
         with self._mapped(path):
-            response = self._http.request(method, path, content=content, headers=all_headers)
+            response = self._http.request(
+                method, path, content=content, headers=all_headers, params=params
+            )
         if not response.is_success:
             raise _status_error(response, turn_id=turn_id)
         return response

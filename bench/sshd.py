@@ -50,13 +50,23 @@ class LocalSsh:
     def control_path(self) -> Path:
         return self.directory / "cm.sock"
 
+    @property
+    def known_hosts(self) -> Path:
+        """The server's host key, recorded by the first ``ssh`` run (accept-new)."""
+        return self.directory / "known_hosts"
+
+    @property
+    def destination(self) -> str:
+        """``USER@127.0.0.1:PORT``, as ``--ssh`` and ``Target.ssh`` take it."""
+        return f"{self.user}@127.0.0.1:{self.port}"
+
     def options(self) -> list[str]:
         return [
             "-F", "/dev/null", "-T",
             "-i", str(self.key),
             "-o", "IdentitiesOnly=yes",
             "-o", "IdentityAgent=none",
-            "-o", f"UserKnownHostsFile={self.directory / 'known_hosts'}",
+            "-o", f"UserKnownHostsFile={self.known_hosts}",
             "-o", "StrictHostKeyChecking=accept-new",
             "-o", "BatchMode=yes",
             "-o", "LogLevel=ERROR",
@@ -66,8 +76,8 @@ class LocalSsh:
     def paddock_options(self, target_url: str) -> list[str]:
         """``paddock run`` options that reach ``target_url`` through this sshd."""
         return [
-            "--ssh", f"{self.user}@127.0.0.1:{self.port}", "-i", str(self.key),
-            "--known-hosts", str(self.directory / "known_hosts"), "--target", target_url,
+            "--ssh", self.destination, "-i", str(self.key),
+            "--known-hosts", str(self.known_hosts), "--target", target_url,
         ]
 
     def argv(self, remote: Sequence[str], *, shared: bool = False) -> list[str]:

@@ -1,9 +1,11 @@
-"""Real paddock targets for the benchmarks, on 127.0.0.1 with TLS.
+"""Real paddock targets for the benchmarks, on 127.0.0.1.
 
 Two shapes: ``embedded_target`` runs the server on a thread of this process
 (``ServerThread``, as the tests do); ``target_process`` runs
 ``python -m target_side.cli serve --config FILE`` as a separate process, so
-its memory can be read and it does not share this process's GIL.
+its memory can be read and it does not share this process's GIL. Both speak
+TLS; ``target_process(tls=False)`` listens on plain HTTP instead, as a target
+reached only through SSH is deployed.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent_side.api import Target
 from agent_side.client import TargetClient
 from agent_side.errors import AgentError
 from bench.common import PYTHON, REPO, child_env, free_port, stop_process, tail, temp_dir
+from bench.sshd import LocalSsh
 from target_side.config import RoleConfig, RoleLimits, ServerConfig, Settings
 from target_side.server import ServerThread
 from target_side.tls import make_tls_material
@@ -43,6 +47,22 @@ class TargetInfo:
 
     def client(self) -> TargetClient:
         return TargetClient(self.url, self.token, cacert=self.cacert)
+
+    def https(self) -> Target:
+        """The Python API's ``Target.https`` for this target (one connection pool)."""
+        return Target.https(self.url, token=self.token, cacert=self.cacert, role=ROLE)
+
+    def tunnel(self, ssh: LocalSsh) -> Target:
+        """``Target.ssh``: every request through one SSH connection to the private sshd.
+
+        Only the bench's client key is offered and only the sshd's host key
+        trusted (no agent, nothing from ~/.ssh). Connects at once.
+        """
+        return Target.ssh(
+            ssh.destination, token=self.token, url=self.url, cacert=self.cacert, role=ROLE,
+            identity_files=[str(ssh.key)], known_hosts=[str(ssh.known_hosts)],
+            ssh_config=None, use_agent=False,
+        )
 
     def cli_env(self) -> dict[str, str]:
         """Environment for ``python -m agent_side.cli run`` against this target."""
@@ -116,13 +136,12 @@ def _settings(root: _Root) -> Settings:
     )
 
 
-def _config_toml(root: _Root, port: int) -> str:
+def _config_toml(root: _Root, port: int, tls: bool) -> str:
+    tls_lines = f'tls_cert = "{root.cert}"\ntls_key = "{root.key}"\n' if tls else ""
     return f"""\
 [server]
 listen = "127.0.0.1:{port}"
-tls_cert = "{root.cert}"
-tls_key = "{root.key}"
-state_root = "{root.state}"
+{tls_lines}state_root = "{root.state}"
 
 [fence]
 backend = "bubblewrap"
@@ -148,24 +167,29 @@ def embedded_target() -> Iterator[TargetInfo]:
 
 
 @contextlib.contextmanager
-def target_process() -> Iterator[TargetInfo]:
-    """A target as its own process, from a TOML config, stopped (SIGTERM) on leaving."""
+def target_process(tls: bool = True) -> Iterator[TargetInfo]:
+    """A target as its own process, from a TOML config, stopped (SIGTERM) on leaving.
+
+    ``tls=False``: plain HTTP on 127.0.0.1, the listener a target behind SSH has.
+    """
     with temp_dir("paddock-bench-") as path:
         root = _prepare(path)
-        proc, info = _start_serving(root)
+        proc, info = _start_serving(root, tls)
         try:
             yield info
         finally:
             stop_process(proc)
 
 
-def _start_serving(root: _Root, tries: int = 3) -> tuple[subprocess.Popen[bytes], TargetInfo]:
+def _start_serving(
+    root: _Root, tls: bool, tries: int = 3
+) -> tuple[subprocess.Popen[bytes], TargetInfo]:
     """``serve`` on a port that was free a moment ago; another try if someone took it first."""
     config = root.path / "target.toml"
     log = root.path / "target.log"
     for attempt in range(1, tries + 1):
         port = free_port()
-        config.write_text(_config_toml(root, port))
+        config.write_text(_config_toml(root, port, tls))
         os.chmod(config, 0o600)
         with open(log, "ab") as out:
             proc = subprocess.Popen(
@@ -173,8 +197,9 @@ def _start_serving(root: _Root, tries: int = 3) -> tuple[subprocess.Popen[bytes]
                 cwd=REPO, env=child_env(), stdin=subprocess.DEVNULL, stdout=out,
                 stderr=subprocess.STDOUT,
             )
+        scheme = "https" if tls else "http"
         info = TargetInfo(
-            f"https://127.0.0.1:{port}", root.token, str(root.cacert), str(root.workspace),
+            f"{scheme}://127.0.0.1:{port}", root.token, str(root.cacert), str(root.workspace),
             proc.pid,
         )
         try:

@@ -51,7 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     mint.set_defaults(handler=_mint)
 
     doctor = commands.add_parser("doctor", help="say what is enforced here and what is degraded")
-    doctor.add_argument("--config", type=_absolute, default=Path("/etc/paddock/target.toml"))
+    doctor.add_argument("--config", type=_absolute, default=Path("/etc/paddock/target.toml"),
+                        help="the target's config (default: /etc/paddock/target.toml)")
     doctor.add_argument("--json", action="store_true", help="the findings as one JSON object")
     doctor.set_defaults(handler=_doctor)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -145,3 +146,61 @@ def test_run_local_starts_and_removes_an_embedded_target(
     assert "fenced" in lines
     assert "root" not in lines
     assert set(os.listdir("/tmp")) - before == set()
+
+
+def paddock_with_stdin(*args: str, data: bytes, target: Target) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [*CLI, *args], env=_env(target), capture_output=True, timeout=60, input=data
+    )
+
+
+def test_run_forwards_piped_stdin(target: Target) -> None:
+    data = b"".join(b"line %d\n" % i for i in range(20000))
+    result = paddock_with_stdin("run", "--", "sh", "-c", "wc -l; echo done", data=data, target=target)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [b"20000", b"done"]
+
+
+def test_run_stdin_piped_to_a_command_that_reads_none_still_exits(target: Target) -> None:
+    result = paddock_with_stdin("run", "--", "true", data=b"x" * 300_000, target=target)
+    assert result.returncode == 0, result.stderr
+
+
+def test_run_no_stdin_keeps_it_closed(target: Target) -> None:
+    result = paddock_with_stdin("run", "--no-stdin", "--", "cat", data=b"ignored", target=target)
+    assert (result.returncode, result.stdout) == (0, b"")
+
+
+def test_logs_and_turns_show_an_earlier_turn(target: Target) -> None:
+    first = paddock("run", "--json", "--", "sh", "-c", "echo from-the-past; exit 4", target=target)
+    turn_id = json.loads(first.stdout.splitlines()[-1])["turn_id"]
+    logs = paddock("logs", turn_id, target=target)
+    assert (logs.returncode, logs.stdout) == (0, b"from-the-past\n")
+    followed = paddock("logs", "--follow", turn_id, target=target)
+    assert (followed.returncode, followed.stdout) == (4, b"from-the-past\n")
+    table = paddock("turns", "--limit", "5", target=target)
+    assert table.returncode == 0
+    lines = table.stdout.decode().splitlines()
+    assert lines[0].split() == ["TURN", "ROLE", "STATE", "EXIT", "CREATED", "WALL"]
+    assert any(line.startswith(turn_id) and " exited " in line and " 4 " in line for line in lines)
+
+
+def test_logs_of_an_unknown_turn_is_125(target: Target) -> None:
+    result = paddock("logs", "t-" + "0" * 32, target=target)
+    assert result.returncode == 125
+
+
+def test_plan_prints_the_fence_and_launches_nothing(target: Target) -> None:
+    marker = target.workspace / "plan-cli-marker"
+    result = paddock("plan", "--read", "/usr/share", "--", "touch", str(marker), target=target)
+    assert result.returncode == 0, result.stderr
+    text = result.stdout.decode()
+    assert "executable  /usr/bin/touch" in text
+    assert "ro      /usr/share  [fs.read[0]]" in text
+    assert not marker.exists()
+
+
+def test_plan_of_a_refused_request_exits_126(target: Target) -> None:
+    result = paddock("plan", "--read", "/etc/shadow", "--", "cat", target=target)
+    assert result.returncode == 126
+    assert b"forbidden-path" in result.stderr
