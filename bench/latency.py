@@ -11,11 +11,12 @@ import contextlib
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from agent_side.api import Target
 from agent_side.client import TargetClient
 from bench.common import PYTHON, REPO, Samples, child_env, ms, ratio, render_table, run_quiet
-from bench.sshd import LocalSsh, control_master, local_sshd, ssh_missing
+from bench.sshd import LocalSsh, control_master, local_sshd, port_forward, ssh_missing
 from bench.targets import ROLE, TargetInfo, embedded_target, target_process
 from shared.wire import TERMINAL_KINDS, ExitEvent, Turn, TurnRequest
 
@@ -33,6 +34,21 @@ BARE_BWRAP = [
 
 SPAWN = "spawn /usr/bin/true"
 BWRAP = "bwrap, fence flags, true"
+API_HTTPS = "Target.https .run(true)"
+API_PLAIN = "Target.https .run(true), plain HTTP"
+TUNNEL_TLS = "Target.ssh .run(true), HTTPS inside"
+TUNNEL_PLAIN = "Target.ssh .run(true), plain HTTP"
+TUNNEL_HEALTH = "GET /v1/health via Target.ssh"
+FORWARDED = "Target.https .run(true) via ssh -L"
+TUNNEL_CONNECT = "Target.ssh connect + health + close"
+SSH_FRESH = "ssh 127.0.0.1 true, new connection"
+SSH_SHARED = "ssh 127.0.0.1 true, ControlMaster"
+CLI_SSH = "paddock run --ssh -- true (CLI)"
+ISSUE_5_ROWS = (
+    API_HTTPS, API_PLAIN, TUNNEL_TLS, TUNNEL_PLAIN, FORWARDED, TUNNEL_HEALTH, TUNNEL_CONNECT,
+    SSH_FRESH, SSH_SHARED, CLI_SSH,
+)
+"""Table 1c: issue 5's comparison, the turn over the tunnel against HTTPS and plain ssh."""
 TRUE_REQUEST = TurnRequest(role=ROLE, argv=["true"])
 WARMUP = 2
 
@@ -86,6 +102,7 @@ def run(runs: int, slow_runs: int) -> str:
             _client_row("paddock client, target process", separate_client, splits),
             _events_to_end_row(stack.enter_context(separate.client())),
             *_http_floor_rows(separate, stack.enter_context(separate.client())),
+            _api_row(API_HTTPS, stack.enter_context(separate.https()), "keyed submit+follow+GET"),
             _cli_row("paddock run -- true (CLI process)", separate, []),
             *_ssh_rows(stack, separate),
         ]
@@ -97,7 +114,10 @@ def run(runs: int, slow_runs: int) -> str:
             split = splits[name]
             for turn_id in split.turn_ids[-runs:]:
                 split.add_server_view(client.turn(turn_id))
-    return "\n\n".join([_main_table(rows), _split_table(splits, runs)])
+    tables = [_main_table(rows), _split_table(splits, runs)]
+    if _p50_of(rows, TUNNEL_PLAIN) is not None:
+        tables.append(_tunnel_table(rows))
+    return "\n\n".join(tables)
 
 
 def _measure(rows: list[Row], runs: int, stride: int) -> None:
@@ -181,22 +201,57 @@ def _cli_row(name: str, target: TargetInfo, options: list[str]) -> Row:
 
 
 def _ssh_rows(stack: contextlib.ExitStack, target: TargetInfo) -> list[Row]:
+    """OpenSSH's own rows, paddock's tunnel (Python API and CLI), and ``ssh -L`` forwarding.
+
+    The tunnel rows reach the same target process as the HTTPS rows (TLS inside
+    the channel) and a second one on plain HTTP, the listener a target reached
+    only by SSH has.
+    """
     missing = ssh_missing()
     if missing is not None:
         return [Row(f"ssh: skipped ({missing})", None)]
     ssh: LocalSsh = stack.enter_context(local_sshd())
     stack.enter_context(control_master(ssh))
-    tunnel = _cli_row("paddock run --ssh -- true (CLI)", target, ssh.paddock_options(target.url))
+    plain = stack.enter_context(target_process(tls=False))
+    local_port = stack.enter_context(port_forward(ssh, int(plain.url.rsplit(":", 1)[1])))
+    forwarded = replace(plain, url=f"http://127.0.0.1:{local_port}")
+    tunnel_plain = stack.enter_context(plain.tunnel(ssh))
+    tunnel = _cli_row(CLI_SSH, target, ssh.paddock_options(target.url))
     tunnel.note = "one paramiko connection"
     return [
-        Row("ssh 127.0.0.1 true, new connection", lambda: run_quiet(ssh.argv(["true"])), slow=True),
+        Row(SSH_FRESH, lambda: run_quiet(ssh.argv(["true"])), slow=True),
         Row(
-            "ssh 127.0.0.1 true, ControlMaster",
-            lambda: run_quiet(ssh.argv(["true"], shared=True)), "master opened beforehand",
+            SSH_SHARED, lambda: run_quiet(ssh.argv(["true"], shared=True)),
+            "master opened beforehand", slow=True,
+        ),
+        _api_row(API_PLAIN, stack.enter_context(plain.https()), "no TLS, no SSH"),
+        _api_row(TUNNEL_TLS, stack.enter_context(target.tunnel(ssh)), "one SSH connection, reused"),
+        _api_row(TUNNEL_PLAIN, tunnel_plain, "one SSH connection, reused"),
+        _api_row(FORWARDED, stack.enter_context(forwarded.https()), "OpenSSH forwarding, plain"),
+        Row(TUNNEL_HEALTH, tunnel_plain.health, "plain HTTP, kept channel"),
+        Row(
+            TUNNEL_CONNECT, lambda: _connect_once(plain, ssh), "handshake + auth each time",
             slow=True,
         ),
         tunnel,
     ]
+
+
+def _api_row(name: str, target: Target, note: str) -> Row:
+    """``Target.run(["true"])``: what agent code calls (idempotent submit, follow, final GET)."""
+    target.health()
+
+    def one_turn() -> None:
+        result = target.run(["true"])
+        if result.exit_code != 0:
+            raise RuntimeError(f"{name}: turn {result.turn.turn_id} exited {result.exit_code}")
+
+    return Row(name, one_turn, note)
+
+
+def _connect_once(target: TargetInfo, ssh: LocalSsh) -> None:
+    with target.tunnel(ssh) as tunnel:
+        tunnel.health()
 
 
 def _follow_to_exit(client: TargetClient, turn_id: str) -> None:
@@ -247,6 +302,26 @@ def _split_table(splits: dict[str, Split], runs: int) -> str:
         "    Turn's created_at/started_at/ended_at and usage.wall_s)"
     )
     return render_table(title, ["part", "p50", "p95", "mean"], rows)
+
+
+def _tunnel_table(rows: list[Row]) -> str:
+    """Issue 5's comparison on its own: every row against ``Target.https`` in the same run."""
+    https = _p50_of(rows, API_HTTPS)
+    plain = _p50_of(rows, API_PLAIN)
+    out = []
+    for row in rows:
+        if row.name in ISSUE_5_ROWS and row.values:
+            s = Samples(tuple(row.values))
+            out.append([
+                row.name, str(len(s.values)), ms(s.p50), ms(s.p95), ratio(s.p50, https),
+                ratio(s.p50, plain),
+            ])
+    title = (
+        "1c. A turn over SSH (issue 5): paddock's tunnel vs HTTPS vs OpenSSH (ms, from table 1;\n"
+        "    'x https' = row p50 / Target.https p50; 'x plain' = row p50 / p50 of Target.https\n"
+        "    to the plain-HTTP listener that the plain tunnel and ssh -L rows reach)"
+    )
+    return render_table(title, ["row", "n", "p50", "p95", "x https", "x plain"], out)
 
 
 def _p50_of(rows: list[Row], name: str) -> float | None:

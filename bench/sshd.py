@@ -146,6 +146,27 @@ def control_master(ssh: LocalSsh) -> Iterator[None]:
         stop_process(proc)
 
 
+@contextlib.contextmanager
+def port_forward(ssh: LocalSsh, target_port: int) -> Iterator[int]:
+    """``ssh -N -L``: a local port forwarded to 127.0.0.1:``target_port`` via the sshd; yields it.
+
+    OpenSSH's own alternative to paddock's tunnel, as the README documents it.
+    """
+    local_port = free_port()
+    proc = subprocess.Popen(
+        [
+            SSH, *ssh.options(), "-N", "-o", "ExitOnForwardFailure=yes",
+            "-L", f"127.0.0.1:{local_port}:127.0.0.1:{target_port}", f"{ssh.user}@127.0.0.1",
+        ],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_port(local_port, proc)
+        yield local_port
+    finally:
+        stop_process(proc)
+
+
 def _wait_for_master(ssh: LocalSsh, proc: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:

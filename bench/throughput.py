@@ -1,4 +1,9 @@
-"""Section ``throughput``: bytes per second of a turn's stdout, against a pipe and ssh."""
+"""Section ``throughput``: bytes per second of a turn's stdout, against a pipe and ssh.
+
+The paddock rows read a turn's output through ``TargetClient.follow`` directly
+over HTTPS, and through ``Target.ssh`` (paddock's tunnel, Python API, one
+reused SSH connection) to a plain-HTTP listener and to the HTTPS one.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +13,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent_side.cli import output_bytes
+from agent_side.client import TargetClient
+from agent_side.turns import output_bytes
 from bench.common import MIB, PYTHON, REPO, ratio, render_table
-from bench.sshd import local_sshd, ssh_missing
+from bench.sshd import LocalSsh, local_sshd, ssh_missing
 from bench.targets import ROLE, TargetInfo, target_process
 from shared.wire import ExitEvent, OutputEvent, TurnRequest
 
@@ -20,6 +26,9 @@ PRINTABLE_LINE = "abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ
 NUL_DIVISOR = 50
 """The /dev/zero turn moves N / NUL_DIVISOR bytes: at its rate N would take minutes."""
 RANDOM_DIVISOR = 4
+
+
+SSH_ROW = "ssh 127.0.0.1 head /dev/zero"
 
 
 @dataclass
@@ -34,15 +43,15 @@ class Row:
         return None if self.seconds is None else self.size / MIB / self.seconds
 
 
-def run(size: int) -> str:
-    """Measure every row and return the section's table."""
+def run(size: int, label: str = "") -> str:
+    """Measure every row and return the section's table; ``label`` names the size in the title."""
     zero = ["head", "-c", str(size), "/dev/zero"]
     pipe = _best(3, lambda: _read_all(zero, size))
     rows = [Row("pipe: head /dev/zero, read by python", size, pipe)]
     with target_process() as target:
         paddock = _paddock_rows(target, size)
         ssh = _ssh_rows(target, size)
-    return _table([*rows, *ssh[:1], *paddock, *ssh[1:]], size)
+    return _table([*rows, *ssh[:1], *paddock, *ssh[1:]], size, label)
 
 
 def _paddock_rows(target: TargetInfo, size: int) -> list[Row]:
@@ -57,7 +66,7 @@ def _paddock_rows(target: TargetInfo, size: int) -> list[Row]:
         ),
         Row(
             "paddock client: yes | head (text)", size,
-            _turn(target, ["sh", "-c", printable], size), "printable UTF-8",
+            _turn(target, ["sh", "-c", printable], size), "printable UTF-8, HTTPS",
         ),
         Row(
             "paddock client: head /dev/urandom", rnd,
@@ -78,17 +87,34 @@ def _ssh_rows(target: TargetInfo, size: int) -> list[Row]:
         return [Row("ssh", size, None, f"ssh: skipped ({missing})")]
     quarter = size // RANDOM_DIVISOR
     text = ["sh", "-c", f"yes {PRINTABLE_LINE} | head -c {quarter}"]
-    with local_sshd() as ssh:
+    with local_sshd() as ssh, target_process(tls=False) as plain:
         argv = ssh.argv(["head", "-c", str(size), "/dev/zero"])
-        plain = _read_all(argv, size)
-        tunnel = _cli(target, text, quarter, ssh.paddock_options(target.url))
+        plain_ssh = _read_all(argv, size)
+        through_plain = _tunnel_turn(plain, ssh, size)
+        through_tls = _tunnel_turn(target, ssh, size)
+        cli = _cli(target, text, quarter, ssh.paddock_options(target.url))
     return [
-        Row("ssh 127.0.0.1 head /dev/zero", size, plain, "new connection each run"),
+        Row(SSH_ROW, size, plain_ssh, "new connection; OpenSSH's own rate"),
         Row(
-            "paddock run --ssh CLI: yes | head", quarter, tunnel,
+            "Target.ssh tunnel: yes | head, plain", size, through_plain,
+            "Python API, plain-HTTP listener",
+        ),
+        Row(
+            "Target.ssh tunnel: yes | head, HTTPS", size, through_tls,
+            "Python API, TLS inside the channel",
+        ),
+        Row(
+            "paddock run --ssh CLI: yes | head", quarter, cli,
             f"through one paramiko connection; N/{RANDOM_DIVISOR}",
         ),
     ]
+
+
+def _tunnel_turn(target: TargetInfo, ssh: LocalSsh, size: int) -> float:
+    """``_turn`` for ``size`` bytes of text over ``Target.ssh``; the SSH connection made first."""
+    argv = ["sh", "-c", f"yes {PRINTABLE_LINE} | head -c {size}"]
+    with target.tunnel(ssh) as tunnel:
+        return _follow_turn(tunnel.client, argv, size)
 
 
 def _read_all(
@@ -109,18 +135,23 @@ def _read_all(
 
 
 def _turn(target: TargetInfo, argv: list[str], size: int) -> float:
-    """Seconds from submitting the turn to its exit event, reading every output event."""
+    """``_follow_turn`` on a new client of ``target`` (HTTPS, its own connection pool)."""
     with target.client() as client:
-        client.health()
-        started = time.perf_counter()
-        turn = client.submit(TurnRequest(role=ROLE, argv=argv))
-        got, status = 0, None
-        for event in client.follow(turn.turn_id):
-            if isinstance(event, OutputEvent) and event.kind == "stdout":
-                got += len(output_bytes(event))
-            elif isinstance(event, ExitEvent):
-                status = event.exit_code
-        seconds = time.perf_counter() - started
+        return _follow_turn(client, argv, size)
+
+
+def _follow_turn(client: TargetClient, argv: list[str], size: int) -> float:
+    """Seconds from submitting the turn to its exit event, reading every output event."""
+    client.health()  # the connection is up before the clock starts
+    started = time.perf_counter()
+    turn = client.submit(TurnRequest(role=ROLE, argv=argv))
+    got, status = 0, None
+    for event in client.follow(turn.turn_id):
+        if isinstance(event, OutputEvent) and event.kind == "stdout":
+            got += len(output_bytes(event))
+        elif isinstance(event, ExitEvent):
+            status = event.exit_code
+    seconds = time.perf_counter() - started
     _check(f"turn {turn.turn_id}", status, got, size)
     return seconds
 
@@ -139,20 +170,21 @@ def _best(times: int, measure: Callable[[], float]) -> float:
     return min(measure() for _ in range(times))
 
 
-def _table(rows: list[Row], size: int) -> str:
+def _table(rows: list[Row], size: int, label: str) -> str:
     base = rows[0].rate
+    ssh = next((row.rate for row in rows if row.name == SSH_ROW), None)
     out = []
     for row in rows:
         if row.rate is None:
-            out.append([row.note, "", "", "", "", ""])
+            out.append([row.note, "", "", "", "", "", ""])
             continue
         out.append([
             row.name, f"{row.size / MIB:g}", f"{row.seconds:.2f}", f"{row.rate:.1f}",
-            ratio(row.rate, base), row.note,
+            ratio(row.rate, base), ratio(row.rate, ssh), row.note,
         ])
     title = (
-        f"2. Stream throughput (N = {size / MIB:g} MiB; 'x pipe' = row MiB/s / pipe MiB/s;\n"
-        "   pipe: best of 3 runs; others: one run; paddock rows: submit to exit event,\n"
-        "   against a separate target process)"
+        f"2. Stream throughput (N = {size / MIB:g} MiB{label}; 'x pipe' / 'x ssh' = row MiB/s\n"
+        "   / pipe's / ssh's MiB/s; pipe: best of 3 runs; others: one run; paddock rows:\n"
+        "   submit to exit event, against separate target processes)"
     )
-    return render_table(title, ["row", "MiB", "s", "MiB/s", "x pipe", "note"], out)
+    return render_table(title, ["row", "MiB", "s", "MiB/s", "x pipe", "x ssh", "note"], out)

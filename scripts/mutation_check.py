@@ -198,7 +198,9 @@ MUTATIONS = (
         "target_side/held.py",
         "                fd = os.open(name, HOLD_FLAGS, dir_fd=parent)",
         "                fd = os.open(name, HOLD_FLAGS & ~os.O_NOFOLLOW, dir_fd=parent)",
-        ("tests/test_held_paths.py::test_mount_parent_swapped_for_symlink_before_open_is_path_changed",),
+        (
+            "tests/test_held_paths.py::test_mount_parent_swapped_for_symlink_before_open_is_path_changed",
+        ),
     ),
     Mutation(
         "executable-trust-unchecked",
@@ -206,11 +208,13 @@ MUTATIONS = (
         "    _check_trusted(given, resolved, st)\n",
         "",
         ("tests/test_held_paths.py -k shim_in_world_writable or someone_else or group_writable",),
-        also=((
-            "    _check_directories(given, resolved, canonical_path(posixpath.dirname(candidate)))"
-            "\n",
-            "",
-        ),),
+        also=(
+            (
+                "    _check_directories(given, resolved, canonical_path(posixpath.dirname(candidate)))"
+                "\n",
+                "",
+            ),
+        ),
     ),
     Mutation(
         "seccomp-filter-skipped",

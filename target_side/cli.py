@@ -26,7 +26,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="paddock-target", description="The paddock target server.")
+    parser = argparse.ArgumentParser(
+        prog="paddock-target", description="The paddock target server."
+    )
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     run = commands.add_parser("serve", help="serve the API (TLS unless listening on loopback)")
@@ -51,8 +53,12 @@ def _parser() -> argparse.ArgumentParser:
     mint.set_defaults(handler=_mint)
 
     doctor = commands.add_parser("doctor", help="say what is enforced here and what is degraded")
-    doctor.add_argument("--config", type=_absolute, default=Path("/etc/paddock/target.toml"),
-                        help="the target's config (default: /etc/paddock/target.toml)")
+    doctor.add_argument(
+        "--config",
+        type=_absolute,
+        default=Path("/etc/paddock/target.toml"),
+        help="the target's config (default: /etc/paddock/target.toml)",
+    )
     doctor.add_argument("--json", action="store_true", help="the findings as one JSON object")
     doctor.set_defaults(handler=_doctor)
 

@@ -88,8 +88,15 @@ def examine(config: Path) -> list[Finding]:
         return [*findings, *_backend(None)]
     server = _find_server(settings, config)
     findings += [
-        _server(server), *_backend(settings), _seccomp(), _limits(server), _cgroups(server),
-        _state_root(settings), _disk(settings), *_tls(settings), *_forbidden(settings, server),
+        _server(server),
+        *_backend(settings),
+        _seccomp(),
+        _limits(server),
+        _cgroups(server),
+        _state_root(settings),
+        _disk(settings),
+        *_tls(settings),
+        *_forbidden(settings, server),
     ]
     return findings
 
@@ -101,14 +108,19 @@ def _config(path: Path) -> tuple[Settings | None, Finding]:
     settings, problems = config_file.check(path)
     if problems:
         return settings, Finding(
-            "config", "degraded", f"{path} has {len(problems)} problem(s)",
-            f"fix each one, then run: paddock-target config check {path}", tuple(problems),
+            "config",
+            "degraded",
+            f"{path} has {len(problems)} problem(s)",
+            f"fix each one, then run: paddock-target config check {path}",
+            tuple(problems),
         )
     if settings is None:
         return None, Finding("config", "degraded", f"{path} could not be read")
     roles = ", ".join(settings.roles)
     return settings, Finding(
-        "config", "ok", f"{path} checks clean: role(s) {roles}; backend {settings.fence.backend}",
+        "config",
+        "ok",
+        f"{path} checks clean: role(s) {roles}; backend {settings.fence.backend}",
     )
 
 
@@ -151,7 +163,7 @@ def _processes() -> Iterator[tuple[int, list[bytes]]]:
 
 
 def _contains(argv: list[bytes], run: list[bytes]) -> bool:
-    return any(argv[i:i + len(run)] == run for i in range(len(argv)))
+    return any(argv[i : i + len(run)] == run for i in range(len(argv)))
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -188,26 +200,31 @@ def _get_health(host: str, port: int, cert: str | None) -> dict[str, Any]:
 
 
 def _server(server: Server) -> Finding:
-    start = ("start it: systemctl start paddock-target (with systemd), or as root "
-             "PREFIX/bin/paddock-supervise start (without)")
+    start = (
+        "start it: systemctl start paddock-target (with systemd), or as root "
+        "PREFIX/bin/paddock-supervise start (without)"
+    )
     if server.health is None:
         where = f" (pid {server.pid})" if server.pid else ""
-        return Finding("server", "degraded", f"{server.url} does not answer{where}: "
-                       f"{server.error}", start)
+        return Finding(
+            "server", "degraded", f"{server.url} does not answer{where}: {server.error}", start
+        )
     pid = f", pid {server.pid}" if server.pid else ""
     health = server.health
     causes = tuple(
         # limits get a finding of their own below, sentence by sentence
-        f"{c.get('cause')}: " + ("see limits below" if c.get("cause") == "limits"
-                                 else str(c.get("detail")))
+        f"{c.get('cause')}: "
+        + ("see limits below" if c.get("cause") == "limits" else str(c.get("detail")))
         for c in health.get("causes", [])
     )
-    summary = (f"{server.url} answers{pid}: health {health.get('status')}, "
-               f"version {health.get('version')}")
+    summary = (
+        f"{server.url} answers{pid}: health {health.get('status')}, version {health.get('version')}"
+    )
     if not causes:
         return Finding("server", "ok", summary)
-    return Finding("server", "degraded", summary,
-                   "each cause is explained below, with its fix", causes)
+    return Finding(
+        "server", "degraded", summary, "each cause is explained below, with its fix", causes
+    )
 
 
 # --- the fence backend ----------------------------------------------------------------------
@@ -215,8 +232,14 @@ def _server(server: Server) -> Finding:
 
 def _backend(settings: Settings | None) -> list[Finding]:
     if settings is not None and settings.fence.backend == "none":
-        return [Finding("backend", "degraded", "backend = \"none\": turns run WITHOUT any fence",
-                        "set [fence] backend = \"bubblewrap\" and restart the server")]
+        return [
+            Finding(
+                "backend",
+                "degraded",
+                'backend = "none": turns run WITHOUT any fence',
+                'set [fence] backend = "bubblewrap" and restart the server',
+            )
+        ]
     try:
         bwrap = find_bwrap()
     except BackendError as exc:
@@ -225,12 +248,22 @@ def _backend(settings: Settings | None) -> list[Finding]:
     userns = _userns()
     failure = asyncio.run(_probe(bwrap))
     if failure is None:
-        return [Finding("backend", "ok", f"{version} at {bwrap} fences a test command as uid "
-                        f"{os.getuid()} ({userns[0]})")]
-    return [Finding("backend", "degraded", f"{version} at {bwrap} cannot make a fence as uid "
-                    f"{os.getuid()}: {failure}", userns[1] or
-                    "check that unprivileged user namespaces are allowed (see details)",
-                    (userns[0],))]
+        return [
+            Finding(
+                "backend",
+                "ok",
+                f"{version} at {bwrap} fences a test command as uid {os.getuid()} ({userns[0]})",
+            )
+        ]
+    return [
+        Finding(
+            "backend",
+            "degraded",
+            f"{version} at {bwrap} cannot make a fence as uid {os.getuid()}: {failure}",
+            userns[1] or "check that unprivileged user namespaces are allowed (see details)",
+            (userns[0],),
+        )
+    ]
 
 
 async def _probe(bwrap: str) -> str | None:
@@ -242,8 +275,14 @@ async def _probe(bwrap: str) -> str | None:
 
 def _bwrap_version(bwrap: str) -> str:
     try:
-        found = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=10,
-                               check=False, env={"PATH": "/usr/bin:/bin"})
+        found = subprocess.run(
+            [bwrap, "--version"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+            env={"PATH": "/usr/bin:/bin"},
+        )
     except (OSError, subprocess.TimeoutExpired):
         return "bubblewrap"
     return found.stdout.strip() or "bubblewrap"
@@ -253,16 +292,22 @@ def _userns() -> tuple[str, str | None]:
     """What the kernel says about unprivileged user namespaces, and the fix if they are off."""
     limit = _read_int("/proc/sys/user/max_user_namespaces")
     if limit == 0:
-        return ("user.max_user_namespaces = 0",
-                "sysctl -w user.max_user_namespaces=15000 (and persist it in /etc/sysctl.d)")
+        return (
+            "user.max_user_namespaces = 0",
+            "sysctl -w user.max_user_namespaces=15000 (and persist it in /etc/sysctl.d)",
+        )
     if _read_int("/proc/sys/kernel/unprivileged_userns_clone") == 0:
-        return ("kernel.unprivileged_userns_clone = 0",
-                "sysctl -w kernel.unprivileged_userns_clone=1 (and persist it in /etc/sysctl.d)")
+        return (
+            "kernel.unprivileged_userns_clone = 0",
+            "sysctl -w kernel.unprivileged_userns_clone=1 (and persist it in /etc/sysctl.d)",
+        )
     if _read_int("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == 1:
-        return ("AppArmor restricts unprivileged user namespaces",
-                "give bwrap an AppArmor profile that allows userns (Ubuntu: the 'bwrap' "
-                "profile of the apparmor package), or set "
-                "kernel.apparmor_restrict_unprivileged_userns=0")
+        return (
+            "AppArmor restricts unprivileged user namespaces",
+            "give bwrap an AppArmor profile that allows userns (Ubuntu: the 'bwrap' "
+            "profile of the apparmor package), or set "
+            "kernel.apparmor_restrict_unprivileged_userns=0",
+        )
     return (f"user namespaces allowed, at most {limit}", None)
 
 
@@ -276,11 +321,19 @@ def _read_int(path: str) -> int | None:
 def _seccomp() -> Finding:
     reason = syscall_filter.unavailable_reason()
     if reason is None:
-        return Finding("seccomp", "ok", "every fence gets the system-call filter (TIOCSTI, "
-                       "TIOCLINUX, the new mount API and clone3 are refused)")
-    return Finding("seccomp", "degraded", f"turns run without the system-call filter: {reason}",
-                   "apt-get install python3-seccomp (for the Python the server runs on), "
-                   "then restart the server")
+        return Finding(
+            "seccomp",
+            "ok",
+            "every fence gets the system-call filter (TIOCSTI, "
+            "TIOCLINUX, the new mount API and clone3 are refused)",
+        )
+    return Finding(
+        "seccomp",
+        "degraded",
+        f"turns run without the system-call filter: {reason}",
+        "apt-get install python3-seccomp (for the Python the server runs on), "
+        "then restart the server",
+    )
 
 
 # --- limits and cgroups ---------------------------------------------------------------------
@@ -289,16 +342,26 @@ def _seccomp() -> Finding:
 def _limits(server: Server) -> Finding:
     always = "wall_s and output_mb are always enforced by the server itself"
     if server.health is None:
-        return Finding("limits", "degraded", "unknown: the server is not answering, and only it "
-                       "knows which cgroups it could use; " + always,
-                       "start the server, then run doctor again")
+        return Finding(
+            "limits",
+            "degraded",
+            "unknown: the server is not answering, and only it "
+            "knows which cgroups it could use; " + always,
+            "start the server, then run doctor again",
+        )
     cause = next((c for c in server.health.get("causes", []) if c.get("cause") == "limits"), None)
     if cause is None:
-        return Finding("limits", "ok", "memory_mb, pids and cpu are enforced per turn by cgroups "
-                       f"(the server reports no limits cause); {always}")
+        return Finding(
+            "limits",
+            "ok",
+            "memory_mb, pids and cpu are enforced per turn by cgroups "
+            f"(the server reports no limits cause); {always}",
+        )
     shortfalls = _per_limit(str(cause.get("detail", "")))
     return Finding(
-        "limits", "degraded", f"some limits fall short of a per-turn cgroup; {always}",
+        "limits",
+        "degraded",
+        f"some limits fall short of a per-turn cgroup; {always}",
         "give the server a cgroup it may manage (see cgroups below), then restart it",
         shortfalls,
     )
@@ -326,8 +389,9 @@ class _Mount:
 def _cgroups(server: Server) -> Finding:
     """Read-only: which cgroup hierarchies the server's uid could make turn cgroups in."""
     pid = server.pid or os.getpid()
-    whose = (f"the server (pid {pid})" if server.pid
-             else f"this process (pid {pid}; no server found)")
+    whose = (
+        f"the server (pid {pid})" if server.pid else f"this process (pid {pid}; no server found)"
+    )
     try:
         memberships = _memberships(Path(f"/proc/{pid}/cgroup").read_text())
         mounts = _mounts(Path(f"/proc/{pid}/mountinfo").read_text())
@@ -343,11 +407,16 @@ def _cgroups(server: Server) -> Finding:
             usable.add(controller)
     missing = [c for c in CONTROLLERS if c not in usable]
     if not missing:
-        return Finding("cgroups", "ok", f"{whose} may create turn cgroups for memory, pids and cpu",
-                       details=tuple(lines))
+        return Finding(
+            "cgroups",
+            "ok",
+            f"{whose} may create turn cgroups for memory, pids and cpu",
+            details=tuple(lines),
+        )
     user = pwd.getpwuid(os.getuid()).pw_name
     return Finding(
-        "cgroups", "degraded",
+        "cgroups",
+        "degraded",
         f"{whose} cannot create turn cgroups for {', '.join(missing)} (not delegated to {user})",
         "under systemd, run the server from a unit with Delegate=yes (paddock-deploy's unit "
         f"has it); without systemd, as root, for each of {' '.join(missing)}: make a cgroup, "
@@ -391,7 +460,7 @@ def _dir_of(mount: _Mount, path: str) -> Path | None:
     root = mount.root.rstrip("/")
     if path != root and not path.startswith(f"{root}/"):
         return None
-    return Path(mount.point + path[len(root):])
+    return Path(mount.point + path[len(root) :])
 
 
 def _v2_lines(memberships: dict[str, str], mounts: list[_Mount]) -> tuple[list[str], set[str]]:
@@ -408,8 +477,10 @@ def _v2_lines(memberships: dict[str, str], mounts: list[_Mount]) -> tuple[list[s
     if not available:
         return [f"cgroup v2 at {base}: none of memory, pids, cpu is available there"], set()
     if not writable:
-        return [f"cgroup v2 at {base}: {', '.join(sorted(available))} available, but not "
-                "writable by this user (not delegated)"], set()
+        return [
+            f"cgroup v2 at {base}: {', '.join(sorted(available))} available, but not "
+            "writable by this user (not delegated)"
+        ], set()
     return [f"cgroup v2 at {base}: delegated, with {', '.join(sorted(available))}"], available
 
 
@@ -459,11 +530,19 @@ def _state_root(settings: Settings) -> Finding:
     mode = stat.S_IMODE(st.st_mode)
     if st.st_uid != os.getuid():
         me = pwd.getpwuid(os.getuid()).pw_name
-        return Finding("state", "degraded", f"{root} belongs to {_owner(root)}, not to the user "
-                       "the server runs as", f"chown -R {me}: {root}")
+        return Finding(
+            "state",
+            "degraded",
+            f"{root} belongs to {_owner(root)}, not to the user the server runs as",
+            f"chown -R {me}: {root}",
+        )
     if mode & 0o077:
-        return Finding("state", "degraded", f"{root} has mode {mode:04o}: others may look at "
-                       "turns, spools and the ledger", f"chmod 0700 {root}")
+        return Finding(
+            "state",
+            "degraded",
+            f"{root} has mode {mode:04o}: others may look at turns, spools and the ledger",
+            f"chmod 0700 {root}",
+        )
     return Finding("state", "ok", f"{root} is private (0700, {_owner(root)})")
 
 
@@ -476,9 +555,12 @@ def _disk(settings: Settings) -> Finding:
         return Finding("disk", "degraded", f"cannot measure free space under {where}: {exc}")
     free = f"{usage.free / (1 << 30):.1f} GiB free under {where}"
     if usage.free < MIN_FREE_BYTES:
-        return Finding("disk", "degraded",
-                       f"only {free}; health degrades below {MIN_FREE_BYTES >> 20} MiB",
-                       "free space, or lower retention_h in [server]")
+        return Finding(
+            "disk",
+            "degraded",
+            f"only {free}; health degrades below {MIN_FREE_BYTES >> 20} MiB",
+            "free space, or lower retention_h in [server]",
+        )
     return Finding("disk", "ok", f"{free} (health degrades below {MIN_FREE_BYTES >> 20} MiB)")
 
 
@@ -499,11 +581,19 @@ def _tls_key(key: Path) -> Finding:
     if stat.S_ISLNK(st.st_mode):
         return Finding("tls-key", "degraded", f"{key} is a symlink", "point tls_key at the file")
     if st.st_uid != os.getuid():
-        return Finding("tls-key", "degraded", f"{key} belongs to {_owner(key)}; the server "
-                       f"({me}) must own it", f"chown {me} {key}")
+        return Finding(
+            "tls-key",
+            "degraded",
+            f"{key} belongs to {_owner(key)}; the server ({me}) must own it",
+            f"chown {me} {key}",
+        )
     if mode & 0o077:
-        return Finding("tls-key", "degraded", f"{key} has mode {mode:04o}: others can read the "
-                       "server's private key", f"chmod 0600 {key}, and consider a new key")
+        return Finding(
+            "tls-key",
+            "degraded",
+            f"{key} has mode {mode:04o}: others can read the server's private key",
+            f"chmod 0600 {key}, and consider a new key",
+        )
     return Finding("tls-key", "ok", f"{key} is {me}'s alone (0600)")
 
 
@@ -523,11 +613,19 @@ def _tls_cert(cert: Path) -> Finding:
             ca_cert = x509.load_pem_x509_certificate(ca.read_bytes())
             pin = f"; CA SHA-256 {ca_cert.fingerprint(hashes.SHA256()).hex(':').upper()}"
     if left.days < 0:
-        return Finding("tls-cert", "degraded", f"{cert} expired {-left.days} day(s) ago",
-                       "make a new certificate (move the TLS files away and re-run paddock-deploy)")
+        return Finding(
+            "tls-cert",
+            "degraded",
+            f"{cert} expired {-left.days} day(s) ago",
+            "make a new certificate (move the TLS files away and re-run paddock-deploy)",
+        )
     if left.days < CERT_RENEW_DAYS:
-        return Finding("tls-cert", "degraded", f"{cert} expires in {left.days} day(s)",
-                       "make a new certificate before then")
+        return Finding(
+            "tls-cert",
+            "degraded",
+            f"{cert} expires in {left.days} day(s)",
+            "make a new certificate before then",
+        )
     return Finding("tls-cert", "ok", f"{cert} is valid for {left.days} more days{pin}")
 
 
@@ -544,12 +642,20 @@ def _forbidden(settings: Settings, server: Server) -> list[Finding]:
         shown = shown or tuple(dict.fromkeys(f"{e.path}  ({e.why})" for e in listed.entries))
         findings += _workspace_clashes(settings, role, listed.entries)
     if "SSH_AUTH_SOCK" in environ:
-        findings.append(Finding("forbidden", "info", "the server has an SSH agent socket "
-                                f"({environ['SSH_AUTH_SOCK']}); it is forbidden to every turn, "
-                                "but a server should not carry one: start it without"))
-    summary = (f"{len(shown)} paths no turn of any role may see, nor anything inside them, "
-               f"nor any directory holding them (homes from {source}); each role's own state "
-               "dir is its only exception")
+        findings.append(
+            Finding(
+                "forbidden",
+                "info",
+                "the server has an SSH agent socket "
+                f"({environ['SSH_AUTH_SOCK']}); it is forbidden to every turn, "
+                "but a server should not carry one: start it without",
+            )
+        )
+    summary = (
+        f"{len(shown)} paths no turn of any role may see, nor anything inside them, "
+        f"nor any directory holding them (homes from {source}); each role's own state "
+        "dir is its only exception"
+    )
     return [Finding("forbidden", "info", summary, details=shown), *findings]
 
 
@@ -563,13 +669,22 @@ def _workspace_clashes(
             conflict = mount_conflict(canonical, entry.path)
             if conflict is None:
                 continue
-            how = ("contains" if conflict == "parent" else "is" if conflict == "exact"
-                   else "lies inside")
-            found.append(Finding(
-                "forbidden", "degraded",
-                f"role {role}: workspace {workspace} {how} {entry.path} ({entry.why}); turns "
-                "working there are refused", "move the workspace, or the forbidden path",
-            ))
+            how = (
+                "contains"
+                if conflict == "parent"
+                else "is"
+                if conflict == "exact"
+                else "lies inside"
+            )
+            found.append(
+                Finding(
+                    "forbidden",
+                    "degraded",
+                    f"role {role}: workspace {workspace} {how} {entry.path} ({entry.why}); turns "
+                    "working there are refused",
+                    "move the workspace, or the forbidden path",
+                )
+            )
     return found
 
 
@@ -592,15 +707,33 @@ def _rerun_as_state_owner(config: Path, as_json: bool) -> int | None:
         return None
     pw = pwd.getpwuid(owner)
     if not as_json:
-        print(f"(running the checks as {pw.pw_name}, the owner of {settings.state_root}, "
-              "as the server runs)", flush=True)
+        print(
+            f"(running the checks as {pw.pw_name}, the owner of {settings.state_root}, "
+            "as the server runs)",
+            flush=True,
+        )
     argv = [
-        setpriv, f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups",
-        "--no-new-privs", "--", sys.executable, "-m", "target_side.cli", "doctor",
-        "--config", str(config), *(["--json"] if as_json else []),
+        setpriv,
+        f"--reuid={pw.pw_uid}",
+        f"--regid={pw.pw_gid}",
+        "--init-groups",
+        "--no-new-privs",
+        "--",
+        sys.executable,
+        "-m",
+        "target_side.cli",
+        "doctor",
+        "--config",
+        str(config),
+        *(["--json"] if as_json else []),
     ]
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": pw.pw_dir,
-           "USER": pw.pw_name, "LOGNAME": pw.pw_name}
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "HOME": pw.pw_dir,
+        "USER": pw.pw_name,
+        "LOGNAME": pw.pw_name,
+    }
     return subprocess.run(argv, env=env, cwd="/", check=False).returncode
 
 
@@ -609,8 +742,11 @@ def _rerun_as_state_owner(config: Path, as_json: bool) -> int | None:
 
 def _as_text(config: Path, findings: list[Finding]) -> str:
     me = pwd.getpwuid(os.getuid()).pw_name
-    lines = [f"paddock-target doctor: {config}, on {socket.gethostname()}, checked as {me} "
-             f"(uid {os.getuid()})", ""]
+    lines = [
+        f"paddock-target doctor: {config}, on {socket.gethostname()}, checked as {me} "
+        f"(uid {os.getuid()})",
+        "",
+    ]
     for f in findings:
         lines.append(f"{f.status.upper():<9} {f.area:<10} {f.summary}")
         lines += [f"{'':21}- {detail}" for detail in f.details]
@@ -619,16 +755,20 @@ def _as_text(config: Path, findings: list[Finding]) -> str:
     degraded = [f.area for f in findings if f.status == "degraded"]
     lines.append("")
     if degraded:
-        lines.append(f"{len(degraded)} degraded ({', '.join(dict.fromkeys(degraded))}): "
-                     "each fix is above")
+        lines.append(
+            f"{len(degraded)} degraded ({', '.join(dict.fromkeys(degraded))}): each fix is above"
+        )
     else:
         lines.append("everything is enforced")
     return "\n".join(lines)
 
 
 def _as_json(config: Path, findings: list[Finding]) -> str:
-    return json.dumps({
-        "config": str(config), "uid": os.getuid(),
-        "degraded": any(f.status == "degraded" for f in findings),
-        "findings": [asdict(f) for f in findings],
-    })
+    return json.dumps(
+        {
+            "config": str(config),
+            "uid": os.getuid(),
+            "degraded": any(f.status == "degraded" for f in findings),
+            "findings": [asdict(f) for f in findings],
+        }
+    )

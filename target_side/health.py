@@ -1,4 +1,4 @@
-"""Per-cause health (seed 004): each cause is set by its own detector and cleared only by its own recovery."""
+"""Per-cause health (seed 004): each cause is set by its detector, cleared by its own recovery."""
 
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ class HealthBoard:
     def snapshot(self) -> Health:
         causes = sorted(self._causes.values(), key=lambda c: c.since)
         return Health(
-            status="degraded" if causes else "armed", causes=causes,
-            version=__version__, backend=self.backend,
+            status="degraded" if causes else "armed",
+            causes=causes,
+            version=__version__,
+            backend=self.backend,
         )

@@ -22,6 +22,7 @@ from target_side.scratch import FailureHook, Scratch, no_failure
 
 HOLD_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 
+
 class PathChanged(Exception):
     """A component of a checked path is no longer what the check saw."""
 

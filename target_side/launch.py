@@ -55,7 +55,7 @@ def find_bwrap() -> str:
     if found is None:
         raise BackendError(
             "bubblewrap (bwrap) is not installed; install it (apt-get install bubblewrap) "
-            "or set [fence] backend = \"none\" to run turns without isolation"
+            'or set [fence] backend = "none" to run turns without isolation'
         )
     return found
 
@@ -65,16 +65,23 @@ def bwrap_argv(bwrap: str, plan: FencePlan, fds: LaunchFds) -> list[str]:
     return [
         bwrap,
         *_namespaces(plan),
-        "--json-status-fd", str(fds.status),
-        "--block-fd", str(fds.block),
+        "--json-status-fd",
+        str(fds.status),
+        "--block-fd",
+        str(fds.block),
         *(["--seccomp", str(fds.seccomp)] if fds.seccomp is not None else []),
         *_base_mounts(fds.held),
         *_planned_mounts(plan, fds.held),
-        "--bind-fd", str(fds.held.cache), posixpath.join(plan.home, ".cache"),
+        "--bind-fd",
+        str(fds.held.cache),
+        posixpath.join(plan.home, ".cache"),
         # Last, so nothing mounted later can cover it: the inode executed is the one checked.
-        "--ro-bind-fd", str(fds.held.exe), plan.executable.path,
+        "--ro-bind-fd",
+        str(fds.held.exe),
+        plan.executable.path,
         *_script_mount(fds),
-        "--chdir", plan.cwd,
+        "--chdir",
+        plan.cwd,
         "--",
         *plan.argv,
     ]
@@ -88,11 +95,16 @@ def _namespaces(plan: FencePlan) -> list[str]:
         flags.append("--share-net")
     return [
         *flags,
-        "--uid", str(plan.uid), "--gid", str(plan.gid),
-        "--cap-drop", "ALL",
+        "--uid",
+        str(plan.uid),
+        "--gid",
+        str(plan.gid),
+        "--cap-drop",
+        "ALL",
         "--die-with-parent",
         "--new-session",  # TIOCSTI: no way to push keystrokes into a terminal outside
-        "--hostname", "paddock",
+        "--hostname",
+        "paddock",
     ]
 
 
@@ -127,7 +139,11 @@ def script_fd(body: bytes) -> int:
 
 
 async def launch_turn(
-    bwrap: str, plan: FencePlan, scratch: Scratch, emit: Emit, limiter: Limiter,
+    bwrap: str,
+    plan: FencePlan,
+    scratch: Scratch,
+    emit: Emit,
+    limiter: Limiter,
     inject: FailureHook = no_failure,
 ) -> RunningTurn:
     """Hold every checked path, set up limits and filter, and start bubblewrap.
@@ -148,14 +164,24 @@ async def launch_turn(
         block_read, block_write = os.pipe()
         opened += (block_read, block_write)
         fds = LaunchFds(
-            status=status_write, block=block_read, gate=block_write, held=held,
+            status=status_write,
+            block=block_read,
+            gate=block_write,
+            held=held,
             script=_opened(opened, script_fd(plan.script) if plan.script is not None else None),
             seccomp=_opened(opened, syscall_filter.filter_fd()),
         )
         inject("open-to-launch")
         running = await RunningTurn.start(
-            bwrap_argv(bwrap, plan, fds), plan.env, fds.passed(), status_read, plan.stdin_open,
-            emit, plan.limits.wall_s, plan.limits.output_mb << 20, Gate(block_write, limits),
+            bwrap_argv(bwrap, plan, fds),
+            plan.env,
+            fds.passed(),
+            status_read,
+            plan.stdin_open,
+            emit,
+            plan.limits.wall_s,
+            plan.limits.output_mb << 20,
+            Gate(block_write, limits),
         )
     except LimitError as exc:
         _close_all(opened)
@@ -192,14 +218,28 @@ async def probe(bwrap: str) -> str | None:
     seccomp = syscall_filter.filter_fd()
     filter_args = ["--seccomp", str(seccomp)] if seccomp is not None else []
     argv = [
-        bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--cap-drop", "ALL",
-        "--die-with-parent", *filter_args, "--ro-bind", "/usr", "/usr", *_usr_merge_links(),
-        "--", "/usr/bin/true",
+        bwrap,
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--cap-drop",
+        "ALL",
+        "--die-with-parent",
+        *filter_args,
+        "--ro-bind",
+        "/usr",
+        "/usr",
+        *_usr_merge_links(),
+        "--",
+        "/usr/bin/true",
     ]
     try:
         proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE, env=BWRAP_ENV,
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            env=BWRAP_ENV,
             pass_fds=() if seccomp is None else (seccomp,),
         )
     finally:

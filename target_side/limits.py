@@ -136,15 +136,29 @@ class Limiter:
         if hierarchy is not None:
             return Enforcement(name, f"cgroup v{hierarchy.version} at {hierarchy.base}")
         if name == "memory" and self.rlimits:
-            return Enforcement(name, "rlimit", "memory_mb limits each process's address space "
-                               "(RLIMIT_AS), not the turn's total: no usable memory cgroup")
+            return Enforcement(
+                name,
+                "rlimit",
+                "memory_mb limits each process's address space "
+                "(RLIMIT_AS), not the turn's total: no usable memory cgroup",
+            )
         if name == "pids" and self.rlimits and os.getuid() != 0:
-            return Enforcement(name, "rlimit", "pids limits the service user's processes "
-                               "machine-wide (RLIMIT_NPROC), not the turn's: no usable pids cgroup")
-        what = {"pids": "pids (RLIMIT_NPROC does not bind root)", "cpu": "cpu",
-                "memory": "memory_mb"}
-        return Enforcement(name, "none", f"{what[name]} is not enforced: no usable {name} cgroup; "
-                           "only wall_s bounds the turn")
+            return Enforcement(
+                name,
+                "rlimit",
+                "pids limits the service user's processes "
+                "machine-wide (RLIMIT_NPROC), not the turn's: no usable pids cgroup",
+            )
+        what = {
+            "pids": "pids (RLIMIT_NPROC does not bind root)",
+            "cpu": "cpu",
+            "memory": "memory_mb",
+        }
+        return Enforcement(
+            name,
+            "none",
+            f"{what[name]} is not enforced: no usable {name} cgroup; only wall_s bounds the turn",
+        )
 
     def degraded(self) -> str | None:
         """One sentence per limit that falls short of a per-turn cgroup, or None."""
@@ -268,18 +282,27 @@ def _settings(hierarchy: Hierarchy, limits: EffectiveLimits) -> list[tuple[str, 
     has = hierarchy.controllers
     if hierarchy.version == 2:
         return [
-            *([("memory.max", memory), ("memory.swap.max", "0"), ("memory.oom.group", "1")]
-              if "memory" in has else []),
+            *(
+                [("memory.max", memory), ("memory.swap.max", "0"), ("memory.oom.group", "1")]
+                if "memory" in has
+                else []
+            ),
             *([("pids.max", str(limits.pids))] if "pids" in has else []),
             *([("cpu.max", f"{quota} {CPU_PERIOD_US}")] if "cpu" in has else []),
         ]
     return [
         # The memory limit first: the kernel refuses memory+swap below memory alone.
-        *([("memory.limit_in_bytes", memory), ("memory.memsw.limit_in_bytes", memory)]
-          if "memory" in has else []),
+        *(
+            [("memory.limit_in_bytes", memory), ("memory.memsw.limit_in_bytes", memory)]
+            if "memory" in has
+            else []
+        ),
         *([("pids.max", str(limits.pids))] if "pids" in has else []),
-        *([("cpu.cfs_period_us", str(CPU_PERIOD_US)), ("cpu.cfs_quota_us", quota)]
-          if "cpu" in has else []),
+        *(
+            [("cpu.cfs_period_us", str(CPU_PERIOD_US)), ("cpu.cfs_quota_us", quota)]
+            if "cpu" in has
+            else []
+        ),
     ]
 
 
@@ -402,7 +425,7 @@ def _under(mount: _Mount, path: str) -> Path | None:
     root = mount.root.rstrip("/")
     if path != root and not path.startswith(f"{root}/"):
         return None
-    return Path(mount.point + path[len(root):])
+    return Path(mount.point + path[len(root) :])
 
 
 def _v1_hierarchy(

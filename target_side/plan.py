@@ -25,11 +25,37 @@ from target_side.forbidden import ForbiddenList, forbidden_for, role_state_dir
 
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC_ENTRIES = (
-    "passwd", "group", "hosts", "host.conf", "resolv.conf", "nsswitch.conf", "gai.conf",
-    "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "ssl", "ca-certificates",
-    "ca-certificates.conf", "localtime", "timezone", "os-release", "debian_version",
-    "bash.bashrc", "profile", "profile.d", "inputrc", "mime.types", "protocols", "services",
-    "login.defs", "environment", "gitconfig", "manpath.config", "magic", "mailcap",
+    "passwd",
+    "group",
+    "hosts",
+    "host.conf",
+    "resolv.conf",
+    "nsswitch.conf",
+    "gai.conf",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "alternatives",
+    "ssl",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "localtime",
+    "timezone",
+    "os-release",
+    "debian_version",
+    "bash.bashrc",
+    "profile",
+    "profile.d",
+    "inputrc",
+    "mime.types",
+    "protocols",
+    "services",
+    "login.defs",
+    "environment",
+    "gitconfig",
+    "manpath.config",
+    "magic",
+    "mailcap",
 )
 """The curated /etc: what programs need to run, never /etc as a whole (it holds /etc/shadow)."""
 
@@ -56,7 +82,7 @@ class Mount:
     subject: str
     dev: int | None = None
     ino: int | None = None
-    """The source's identity when planned (None if it did not exist yet): the launch binds only that."""
+    """The source's identity when planned (None if it was missing): the launch binds only that."""
 
 
 @dataclass(frozen=True)
@@ -114,7 +140,9 @@ def plan_turn(
     for i, pair in enumerate(request.secrets):
         planner.secret(pair, f"secrets[{i}]")
     for i, path in enumerate(role.shared_ro):
-        planner.existing("ro", path, f"roles.shared_ro[{i}]", dest=posixpath.join(home, posixpath.basename(path)))
+        planner.existing(
+            "ro", path, f"roles.shared_ro[{i}]", dest=posixpath.join(home, posixpath.basename(path))
+        )
     planner.protect_git()
     env = build_env(request.env, settings.fence.path, home, turn_id, env_in)
     script = _script_body(request)
@@ -123,10 +151,22 @@ def plan_turn(
     args = [SCRIPT_PATH] if script is not None else list((request.argv or [])[1:])
     uid, gid = fence_ids()
     return FencePlan(
-        turn_id=turn_id, role=request.role, argv=(exe_path, *args), executable=executable,
-        env=env, cwd=cwd, home=home, mounts=tuple(planner.mounts), network=network,
-        limits=limits, uid=uid, gid=gid, stdin_open=request.stdin == "open",
-        keep_scratch=request.keep_scratch, script=script, env_names=tuple(sorted(env)),
+        turn_id=turn_id,
+        role=request.role,
+        argv=(exe_path, *args),
+        executable=executable,
+        env=env,
+        cwd=cwd,
+        home=home,
+        mounts=tuple(planner.mounts),
+        network=network,
+        limits=limits,
+        uid=uid,
+        gid=gid,
+        stdin_open=request.stdin == "open",
+        keep_scratch=request.keep_scratch,
+        script=script,
+        env_names=tuple(sorted(env)),
     )
 
 
@@ -164,20 +204,30 @@ def fence_ids() -> tuple[int, int]:
 def build_env(
     declared: dict[str, str], fence_path: str, home: str, turn_id: str, server_env: dict[str, str]
 ) -> dict[str, str]:
-    """The turn's environment, built from empty: fixed names, then declared ones, then the turn id."""
+    """The turn's environment, from empty: fixed names, then declared ones, then the turn id."""
     user = _fence_user()
     env = {
-        "PATH": fence_path, "HOME": home, "USER": user, "LOGNAME": user,
-        "SHELL": "/bin/sh", "TMPDIR": "/tmp", "LANG": FENCE_LOCALE, "LC_ALL": FENCE_LOCALE,
+        "PATH": fence_path,
+        "HOME": home,
+        "USER": user,
+        "LOGNAME": user,
+        "SHELL": "/bin/sh",
+        "TMPDIR": "/tmp",  # noqa: S108 - the fence's own /tmp, the turn's private scratch
+        "LANG": FENCE_LOCALE,
+        "LC_ALL": FENCE_LOCALE,
     }
     env |= {name: server_env[name] for name in INHERITED_ENV if name in server_env}
     for name, value in declared.items():
         if name.startswith("PADDOCK_"):
             raise refusals.reserved_env(name)
         if not _ENV_NAME.fullmatch(name):
-            raise refusals.invalid_env(name, "is not a valid name (letters, digits, '_'; not starting with a digit)")
+            raise refusals.invalid_env(
+                name, "is not a valid name (letters, digits, '_'; not starting with a digit)"
+            )
         if "\0" in value:
-            raise refusals.invalid_env(name, "has a NUL byte in its value, which no process can receive")
+            raise refusals.invalid_env(
+                name, "has a NUL byte in its value, which no process can receive"
+            )
     env |= declared
     env["PADDOCK_TURN_ID"] = turn_id
     return env
@@ -220,7 +270,9 @@ class _MountPlanner:
             if os.path.lexists(path):
                 self.existing("ro", path, "fence.etc", dest=path)
 
-    def add(self, kind: Literal["ro", "rw"], path: str, subject: str, dest: str | None = None) -> str:
+    def add(
+        self, kind: Literal["ro", "rw"], path: str, subject: str, dest: str | None = None
+    ) -> str:
         resolved = resolve(subject, path)
         self._check_forbidden(subject, path, resolved)
         target = dest or resolved
@@ -232,12 +284,16 @@ class _MountPlanner:
         self.mounts.append(Mount(kind, resolved, target, subject, *pinned))
         return resolved
 
-    def existing(self, kind: Literal["ro", "rw"], path: str, subject: str, dest: str | None = None) -> str:
+    def existing(
+        self, kind: Literal["ro", "rw"], path: str, subject: str, dest: str | None = None
+    ) -> str:
         resolved = resolve(subject, path)
         try:
             st = os.stat(resolved)
         except OSError:
-            raise refusals.bad_mount(subject, path, resolved, "does not exist on the target") from None
+            raise refusals.bad_mount(
+                subject, path, resolved, "does not exist on the target"
+            ) from None
         if stat.S_ISSOCK(st.st_mode):
             raise refusals.socket_path(subject, path, resolved)
         return self.add(kind, path, subject, dest)
@@ -255,13 +311,19 @@ class _MountPlanner:
         self.existing("ro", host, subject, dest=inside or resolve(subject, host))
 
     def protect_git(self) -> None:
-        """Keep hooks and git config read-only in writable mounts: a hook planted there runs later, unfenced."""
+        """Keep hooks and git config read-only in writable mounts: a planted hook runs unfenced."""
         for mount in [m for m in self.mounts if m.kind == "rw"]:
             for name in (".git/hooks", ".git/config"):
                 inner = posixpath.join(mount.source, name)
                 if os.path.lexists(inner) and resolve("fence.git", inner) == inner:
                     self.mounts.append(
-                        Mount("ro", inner, posixpath.join(mount.dest, name), "fence.git", *_identity(inner))
+                        Mount(
+                            "ro",
+                            inner,
+                            posixpath.join(mount.dest, name),
+                            "fence.git",
+                            *_identity(inner),
+                        )
                     )
 
     def _check_forbidden(self, subject: str, given: str, resolved: str) -> None:
@@ -333,9 +395,13 @@ def _check_trusted(given: str, resolved: str, st: os.stat_result) -> None:
     """Seed 003, D3: only a file nobody else could have replaced may run."""
     trusted_owners = {0, os.getuid()}
     if st.st_uid not in trusted_owners:
-        raise refusals.untrusted_executable(given, resolved, f"{resolved} is owned by uid {st.st_uid}")
+        raise refusals.untrusted_executable(
+            given, resolved, f"{resolved} is owned by uid {st.st_uid}"
+        )
     if st.st_mode & 0o022:
-        raise refusals.untrusted_executable(given, resolved, f"{resolved} is writable by group or others")
+        raise refusals.untrusted_executable(
+            given, resolved, f"{resolved} is writable by group or others"
+        )
     _check_directories(given, resolved, posixpath.dirname(resolved))
 
 
@@ -345,10 +411,14 @@ def _check_directories(given: str, resolved: str, directory: str) -> None:
     while True:
         dst = os.stat(directory)
         if dst.st_uid not in trusted_owners:
-            raise refusals.untrusted_executable(given, resolved, f"{directory} is owned by uid {dst.st_uid}")
+            raise refusals.untrusted_executable(
+                given, resolved, f"{directory} is owned by uid {dst.st_uid}"
+            )
         if dst.st_mode & 0o022 and not dst.st_mode & stat.S_ISVTX:
             raise refusals.untrusted_executable(
-                given, resolved, f"{directory} is writable by group or others without the sticky bit"
+                given,
+                resolved,
+                f"{directory} is writable by group or others without the sticky bit",
             )
         if directory == "/":
             return

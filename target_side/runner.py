@@ -31,7 +31,10 @@ from target_side.limits import TurnLimits, Usage
 READ_CHUNK = 64 * 1024
 STDERR_TAIL = 4096
 SIGNALS = {
-    "INT": signal.SIGINT, "TERM": signal.SIGTERM, "KILL": signal.SIGKILL, "HUP": signal.SIGHUP,
+    "INT": signal.SIGINT,
+    "TERM": signal.SIGTERM,
+    "KILL": signal.SIGKILL,
+    "HUP": signal.SIGHUP,
 }
 
 Emit = Callable[..., object]
@@ -93,8 +96,13 @@ class RunningTurn:
     """One launched bubblewrap process and the fence inside it."""
 
     def __init__(
-        self, proc: asyncio.subprocess.Process, status_fd: int, emit: Emit,
-        wall_s: float, output_bytes: int, gate: Gate | None = None,
+        self,
+        proc: asyncio.subprocess.Process,
+        status_fd: int,
+        emit: Emit,
+        wall_s: float,
+        output_bytes: int,
+        gate: Gate | None = None,
     ) -> None:
         self._proc = proc
         self._gate = gate
@@ -113,8 +121,16 @@ class RunningTurn:
 
     @classmethod
     async def start(
-        cls, argv: list[str], env: dict[str, str], pass_fds: tuple[int, ...], status_fd: int,
-        stdin_open: bool, emit: Emit, wall_s: float, output_bytes: int, gate: Gate | None = None,
+        cls,
+        argv: list[str],
+        env: dict[str, str],
+        pass_fds: tuple[int, ...],
+        status_fd: int,
+        stdin_open: bool,
+        emit: Emit,
+        wall_s: float,
+        output_bytes: int,
+        gate: Gate | None = None,
     ) -> RunningTurn:
         """Spawn ``argv`` (bwrap and its arguments) with pipes for every stream."""
         proc = await asyncio.create_subprocess_exec(
@@ -166,8 +182,11 @@ class RunningTurn:
             return Usage()
         usage = limits.usage()
         if usage.oom_kills:
-            self._emit("notice", message=f"out of memory: the kernel killed {usage.oom_kills} "
-                       f"process(es) of the turn at its memory limit")
+            self._emit(
+                "notice",
+                message=f"out of memory: the kernel killed {usage.oom_kills} "
+                f"process(es) of the turn at its memory limit",
+            )
         await limits.remove()
         return usage
 

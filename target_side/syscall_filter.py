@@ -32,7 +32,13 @@ SYSTEM_DIST_PACKAGES = "/usr/lib/python3/dist-packages"
 TIOCSTI = 0x5412
 TIOCLINUX = 0x541C
 NEW_MOUNT_API = (
-    "fsopen", "fsconfig", "fsmount", "fspick", "move_mount", "open_tree", "mount_setattr",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "move_mount",
+    "open_tree",
+    "mount_setattr",
 )
 ENOSYS_CALLS = (*NEW_MOUNT_API, "clone3")
 FOREIGN_ARCHES = ("X86", "X32")

@@ -28,7 +28,15 @@ from target_side.ledger import Ledger
 from target_side.limits import Limiter
 from target_side.plan import FencePlan, plan_turn
 from target_side.runner import Outcome, RunningTurn
-from target_side.scratch import STAGING_PREFIX, FailureHook, Scratch, build_scratch, no_failure, remove_scratch, remove_tree
+from target_side.scratch import (
+    STAGING_PREFIX,
+    FailureHook,
+    Scratch,
+    build_scratch,
+    no_failure,
+    remove_scratch,
+    remove_tree,
+)
 from target_side.spool import EventSpool, now
 from target_side.store import StoredTurn, TurnStore, expired
 
@@ -72,7 +80,9 @@ class TurnRecord:
 class TurnManager:
     """Every turn of one target, keyed by id."""
 
-    def __init__(self, settings: Settings, board: HealthBoard, inject: FailureHook = no_failure) -> None:
+    def __init__(
+        self, settings: Settings, board: HealthBoard, inject: FailureHook = no_failure
+    ) -> None:
         self.settings = settings
         self.board = board
         self.store = TurnStore(settings.state_root)
@@ -114,7 +124,9 @@ class TurnManager:
             return
         # The process that ran it is gone (bwrap dies with its parent): the turn is lost.
         if not record.spool.finished:
-            record.spool.append("notice", message="the target restarted while this turn ran; it was lost")
+            record.spool.append(
+                "notice", message="the target restarted while this turn ran; it was lost"
+            )
             record.spool.append("exit", exit_code=125, signal=None)
         record.update(state="lost", exit_code=125, ended_at=now())
         await self._persist(record)
@@ -141,7 +153,9 @@ class TurnManager:
             plan = plan_turn(request, self.settings, record.turn.turn_id)
             await self._launch(record, plan)
         except RefusedError as refused:
-            await self._finish(record, Outcome(refused.refusal.exit_code, refusal=refused.refusal), request)
+            await self._finish(
+                record, Outcome(refused.refusal.exit_code, refusal=refused.refusal), request
+            )
         return record.turn
 
     def _new_record(self, request: TurnRequest, key: str | None) -> TurnRecord:
@@ -160,7 +174,9 @@ class TurnManager:
         except BackendError as exc:
             raise refusals.backend_unavailable(str(exc)) from exc
         try:
-            scratch = await asyncio.to_thread(build_scratch, self.settings, plan.role, plan.turn_id, self._inject)
+            scratch = await asyncio.to_thread(
+                build_scratch, self.settings, plan.role, plan.turn_id, self._inject
+            )
         except TargetError as exc:
             raise refusals.backend_unavailable(str(exc)) from exc
         try:
@@ -195,11 +211,16 @@ class TurnManager:
                 await asyncio.to_thread(remove_scratch, scratch)
         await self._finish(record, outcome)
 
-    async def _finish(self, record: TurnRecord, outcome: Outcome, request: TurnRequest | None = None) -> None:
+    async def _finish(
+        self, record: TurnRecord, outcome: Outcome, request: TurnRequest | None = None
+    ) -> None:
         state = "refused" if outcome.refusal is not None else "exited"
         record.update(
-            state=state, exit_code=outcome.exit_code, signal=outcome.signal,
-            refusal=outcome.refusal, ended_at=now(),
+            state=state,
+            exit_code=outcome.exit_code,
+            signal=outcome.signal,
+            refusal=outcome.refusal,
+            ended_at=now(),
             usage=Usage(wall_s=outcome.wall_s, cpu_s=outcome.cpu_s, max_rss_kb=outcome.max_rss_kb),
             output_truncated=outcome.output_truncated,
         )
@@ -210,8 +231,13 @@ class TurnManager:
         facts = {"request": _request_facts(request)} if request is not None else {}
         await self.ledger.append("end", turn=_turn_json(record.turn), **facts)
         _append_terminal(record)
-        log.info("turn %s role=%s ended state=%s exit=%s", record.turn.turn_id, record.turn.role,
-                 state, outcome.exit_code)
+        log.info(
+            "turn %s role=%s ended state=%s exit=%s",
+            record.turn.turn_id,
+            record.turn.role,
+            state,
+            outcome.exit_code,
+        )
 
     def _count_health(self, outcome: Outcome) -> None:
         """Target-made failures count towards ``turns-failing``; only a turn that ran clears it."""
@@ -221,7 +247,9 @@ class TurnManager:
         if target_failed:
             self._failures += 1
             if self._failures >= FAILING_AFTER:
-                self.board.degrade("turns-failing", f"the last {self._failures} turns failed in the target itself")
+                self.board.degrade(
+                    "turns-failing", f"the last {self._failures} turns failed in the target itself"
+                )
         elif outcome.refusal is None:
             self._failures = 0
             self.board.recover("turns-failing")
@@ -229,7 +257,9 @@ class TurnManager:
     def _check_disk(self) -> None:
         free = shutil.disk_usage(self.settings.state_root).free
         if free < MIN_FREE_BYTES:
-            self.board.degrade("disk", f"only {free >> 20} MiB free under {self.settings.state_root}")
+            self.board.degrade(
+                "disk", f"only {free >> 20} MiB free under {self.settings.state_root}"
+            )
         else:
             self.board.recover("disk")
 
@@ -253,6 +283,7 @@ class TurnManager:
 
     async def recent(self, roles: frozenset[str], limit: int) -> list[Turn]:
         """The newest ``limit`` turns of ``roles``, as the ledger last recorded each."""
+
         def fold() -> list[Turn]:
             latest: dict[str, Turn] = {}
             for entry in self.ledger.records():
@@ -275,7 +306,7 @@ class TurnManager:
             await record.running.write_stdin(data, eof)
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise StdinClosed(
-                f"turn {record.turn.turn_id} takes no input: start it with stdin \"open\", "
+                f'turn {record.turn.turn_id} takes no input: start it with stdin "open", '
                 "and send nothing after eof"
             ) from exc
 
@@ -283,7 +314,11 @@ class TurnManager:
         """Remove finished turns older than the retention time; returns how many went."""
         moment = at or datetime.now(UTC)
         retention = self.settings.server.retention_h * 3600
-        gone = [r for r in self._turns.values() if r.running is None and expired(r.turn, moment, retention)]
+        gone = [
+            r
+            for r in self._turns.values()
+            if r.running is None and expired(r.turn, moment, retention)
+        ]
         for record in gone:
             del self._turns[record.turn.turn_id]
             if record.stored.idempotency:
@@ -310,11 +345,22 @@ def fence_view(plan: FencePlan, backend: str) -> FenceView:
     """The wire view of a plan: mounts with modes, env names (never values), limits."""
     limits = plan.limits
     return FenceView(
-        backend=backend, argv=list(plan.argv), executable=plan.executable, cwd=plan.cwd,
-        uid=plan.uid, network=plan.network, env_names=sorted(plan.env),
-        mounts=[PlannedMount(kind=m.kind, source=m.source, dest=m.dest, subject=m.subject) for m in plan.mounts],
+        backend=backend,
+        argv=list(plan.argv),
+        executable=plan.executable,
+        cwd=plan.cwd,
+        uid=plan.uid,
+        network=plan.network,
+        env_names=sorted(plan.env),
+        mounts=[
+            PlannedMount(kind=m.kind, source=m.source, dest=m.dest, subject=m.subject)
+            for m in plan.mounts
+        ],
         limits=PlannedLimits(
-            wall_s=limits.wall_s, memory_mb=limits.memory_mb, pids=limits.pids, cpu=limits.cpu,
+            wall_s=limits.wall_s,
+            memory_mb=limits.memory_mb,
+            pids=limits.pids,
+            cpu=limits.cpu,
             output_mb=limits.output_mb,
         ),
     )
@@ -347,8 +393,11 @@ def _launch_facts(plan: FencePlan) -> dict[str, Any]:
         "cwd": plan.cwd,
         "network": plan.network,
         "limits": {
-            "wall_s": limits.wall_s, "memory_mb": limits.memory_mb, "pids": limits.pids,
-            "cpu": limits.cpu, "output_mb": limits.output_mb,
+            "wall_s": limits.wall_s,
+            "memory_mb": limits.memory_mb,
+            "pids": limits.pids,
+            "cpu": limits.cpu,
+            "output_mb": limits.output_mb,
         },
     }
 

@@ -41,16 +41,28 @@ from conftest import events, output, wait_until
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy" / "paddock-deploy"
 SYSTEM_PYTHON = "/usr/bin/python3"
-STEPS = ("preflight", "user", "dirs", "release", "tls", "config", "service", "switch", "restart",
-         "health")
+STEPS = (
+    "preflight",
+    "user",
+    "dirs",
+    "release",
+    "tls",
+    "config",
+    "service",
+    "switch",
+    "restart",
+    "health",
+)
 RESTARTING = {"restart", "health"}
 """Steps after which the server already runs the new release: a rollback restarts the old one."""
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="deploying needs root (useradd, chown)"),
     pytest.mark.skipif(not os.path.exists(SYSTEM_PYTHON), reason="no system python3"),
-    pytest.mark.skipif(shutil.which("setpriv") is None or shutil.which("useradd") is None,
-                       reason="setpriv and useradd are needed"),
+    pytest.mark.skipif(
+        shutil.which("setpriv") is None or shutil.which("useradd") is None,
+        reason="setpriv and useradd are needed",
+    ),
 ]
 
 
@@ -79,7 +91,9 @@ def _copy_tree(destination: Path) -> None:
     """The working tree as it is (tracked and new files), without tests or caches."""
     listed = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=REPO, capture_output=True, check=True,
+        cwd=REPO,
+        capture_output=True,
+        check=True,
     ).stdout.split(b"\0")
     for name in (n.decode() for n in listed if n):
         source = REPO / name
@@ -90,11 +104,18 @@ def _copy_tree(destination: Path) -> None:
 
 
 def _bump(tree: Path, version: str) -> None:
-    for name, pattern in (("pyproject.toml", r'^version = "[^"]+"'),
-                          ("shared/__init__.py", r'^__version__ = "[^"]+"')):
+    for name, pattern in (
+        ("pyproject.toml", r'^version = "[^"]+"'),
+        ("shared/__init__.py", r'^__version__ = "[^"]+"'),
+    ):
         path = tree / name
-        replaced = re.sub(pattern, pattern.split(" = ")[0].lstrip("^") + f' = "{version}"',
-                          path.read_text(), count=1, flags=re.M)
+        replaced = re.sub(
+            pattern,
+            pattern.split(" = ")[0].lstrip("^") + f' = "{version}"',
+            path.read_text(),
+            count=1,
+            flags=re.M,
+        )
         path.write_text(replaced)
 
 
@@ -102,7 +123,8 @@ def _build(tree: Path, out: Path) -> subprocess.Popen[bytes]:
     # From a copy: an in-tree build would leave build/ behind, and reuse stale files from it.
     return subprocess.Popen(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(tree)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
 
 
@@ -128,7 +150,8 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> Wheels:
     # Dependencies once, with the target's own pip: every deploy then installs offline.
     download = subprocess.Popen(
         [SYSTEM_PYTHON, "-m", "pip", "download", "-q", "-d", str(wheelhouse), str(old)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
     _wait(building[1], "building the 0.1.1 wheel")
     _wait(download, "downloading the dependencies")
@@ -185,23 +208,43 @@ class Host:
 
     def deploy(self, wheel: Path, *extra: str, roles: tuple[str, ...] = ("builder",)) -> Deployed:
         argv = [
-            SYSTEM_PYTHON, str(DEPLOY), "--wheel", str(wheel), "--json",
+            SYSTEM_PYTHON,
+            str(DEPLOY),
+            "--wheel",
+            str(wheel),
+            "--json",
             *(arg for role in roles for arg in ("--role", role)),
-            "--prefix", str(self.prefix), "--state-root", str(self.state),
-            "--config-dir", str(self.config_dir), "--user", self.user,
-            "--listen", f"127.0.0.1:{self.port}", "--workspace", str(self.workspace),
-            "--find-links", str(self.wheels.wheelhouse), "--no-index", *extra,
+            "--prefix",
+            str(self.prefix),
+            "--state-root",
+            str(self.state),
+            "--config-dir",
+            str(self.config_dir),
+            "--user",
+            self.user,
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--workspace",
+            str(self.workspace),
+            "--find-links",
+            str(self.wheels.wheelhouse),
+            "--no-index",
+            *extra,
         ]
         started = time.monotonic()
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=240, check=False)
         lines = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
-        return Deployed(proc.returncode, lines, proc.stdout, proc.stderr,
-                        time.monotonic() - started)
+        return Deployed(
+            proc.returncode, lines, proc.stdout, proc.stderr, time.monotonic() - started
+        )
 
     def supervise(self, command: str) -> dict[str, Any]:
         proc = subprocess.run(
             [SYSTEM_PYTHON, str(self.prefix / "bin" / "paddock-supervise"), command],
-            capture_output=True, text=True, timeout=90, check=False,
+            capture_output=True,
+            text=True,
+            timeout=90,
+            check=False,
         )
         assert proc.returncode == 0, proc.stderr
         result: dict[str, Any] = json.loads(proc.stdout.splitlines()[-1])
@@ -233,9 +276,19 @@ class Host:
     def as_user(self, *argv: str) -> subprocess.CompletedProcess[str]:
         pw = pwd.getpwnam(self.user)
         return subprocess.run(
-            ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups", "--",
-             *argv],
-            capture_output=True, text=True, timeout=60, check=False, cwd="/",
+            [
+                "setpriv",
+                f"--reuid={pw.pw_uid}",
+                f"--regid={pw.pw_gid}",
+                "--init-groups",
+                "--",
+                *argv,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            cwd="/",
             env={"PATH": "/usr/bin:/bin", "HOME": pw.pw_dir, "LANG": "C.UTF-8"},
         )
 
@@ -372,8 +425,9 @@ def test_deploy_server_runs_supervised_as_the_service_user(host: Host) -> None:
 
 def test_deploy_turn_runs_over_https_as_the_service_user(host: Host) -> None:
     with host.client(host.tokens["builder"]) as c:
-        response = c.post("/v1/turns", json={
-            "role": "builder", "argv": ["id", "-u"], "cwd": str(host.workspace)})
+        response = c.post(
+            "/v1/turns", json={"role": "builder", "argv": ["id", "-u"], "cwd": str(host.workspace)}
+        )
         assert response.status_code == 201, response.text
         evs = events(c, response.json()["turn_id"])
     assert output(evs).strip() == str(host.uid)
@@ -389,8 +443,11 @@ def test_deploy_rerun_changes_nothing_and_keeps_the_server(host: Host) -> None:
     assert again.status == 0, again.stdout + again.stderr
     assert set(again.steps().values()) == {"unchanged"}, again.steps()
     assert not again.result["changed"] and again.result["tokens"] == {}
-    assert all("nothing to do" in line["detail"] for line in again.lines
-               if line.get("step") not in {None, "preflight", "health"})
+    assert all(
+        "nothing to do" in line["detail"]
+        for line in again.lines
+        if line.get("step") not in {None, "preflight", "health"}
+    )
     assert host.server()["pid"] == pid
 
 
@@ -465,8 +522,9 @@ def test_deploy_upgrade_switches_release_and_keeps_tokens_config_and_ledger(host
     assert host.health()["version"] == "0.1.1"
     assert host.config.read_bytes() == config
     with host.client(host.tokens["builder"]) as c:
-        response = c.post("/v1/turns", json={
-            "role": "builder", "argv": ["id", "-u"], "cwd": str(host.workspace)})
+        response = c.post(
+            "/v1/turns", json={"role": "builder", "argv": ["id", "-u"], "cwd": str(host.workspace)}
+        )
         assert response.status_code == 201, response.text
         assert output(events(c, response.json()["turn_id"])).strip() == str(host.uid)
     assert _ledger_count(host) > ledger_before
@@ -510,8 +568,13 @@ def test_deploy_failure_on_a_fresh_host_leaves_nothing_behind(wheels: Wheels) ->
 
 
 def _ledger_count(host: Host) -> int:
-    verified = host.as_user(str(host.prefix / "current" / "bin" / "paddock-target"), "ledger",
-                            "verify", "--config", str(host.config))
+    verified = host.as_user(
+        str(host.prefix / "current" / "bin" / "paddock-target"),
+        "ledger",
+        "verify",
+        "--config",
+        str(host.config),
+    )
     assert verified.returncode == 0, verified.stderr
     found = re.search(r"ledger ok: (\d+) records", verified.stdout)
     assert found, verified.stdout
@@ -523,9 +586,17 @@ def _ledger_count(host: Host) -> int:
 
 def test_doctor_on_the_deployed_host_says_what_is_enforced(host: Host) -> None:
     proc = subprocess.run(
-        [str(host.prefix / "current" / "bin" / "paddock-target"), "doctor", "--config",
-         str(host.config), "--json"],
-        capture_output=True, text=True, timeout=120, check=False,
+        [
+            str(host.prefix / "current" / "bin" / "paddock-target"),
+            "doctor",
+            "--config",
+            str(host.config),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     report = json.loads(proc.stdout)
     assert report["uid"] == host.uid  # root's run re-ran the checks as the server's user
@@ -575,20 +646,44 @@ def test_doctor_names_each_degraded_thing_with_a_fix(
 # --- the unit file --------------------------------------------------------------------------
 
 REQUIRED = {
-    "NoNewPrivileges": "yes", "ProtectSystem": "strict", "PrivateTmp": "yes",
-    "Restart": "on-failure", "Delegate": "yes", "CapabilityBoundingSet": "",
+    "NoNewPrivileges": "yes",
+    "ProtectSystem": "strict",
+    "PrivateTmp": "yes",
+    "Restart": "on-failure",
+    "Delegate": "yes",
+    "CapabilityBoundingSet": "",
 }
-ABSENT = ("RestrictNamespaces", "PrivateUsers", "ProtectKernelTunables", "ProtectKernelLogs",
-          "ProtectProc", "ProcSubset", "ProtectControlGroups", "SystemCallFilter",
-          "MemoryDenyWriteExecute")
+ABSENT = (
+    "RestrictNamespaces",
+    "PrivateUsers",
+    "ProtectKernelTunables",
+    "ProtectKernelLogs",
+    "ProtectProc",
+    "ProcSubset",
+    "ProtectControlGroups",
+    "SystemCallFilter",
+    "MemoryDenyWriteExecute",
+)
 """Each of these breaks bubblewrap (or the delegated cgroup, or every turn's JIT)."""
 KNOWN_SECTIONS = {"Unit", "Service", "Install"}
 
 
 def _unit(*extra: str) -> str:
     proc = subprocess.run(
-        [SYSTEM_PYTHON, str(DEPLOY), "--wheel", "/nonexistent.whl", "--print-unit", "--user",
-         "paddock", *extra], capture_output=True, text=True, check=True, timeout=30,
+        [
+            SYSTEM_PYTHON,
+            str(DEPLOY),
+            "--wheel",
+            "/nonexistent.whl",
+            "--print-unit",
+            "--user",
+            "paddock",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
     )
     return proc.stdout
 
@@ -612,8 +707,9 @@ def _parse_unit(text: str) -> dict[str, dict[str, list[str]]]:
 
 
 def test_unit_file_is_hardened_and_leaves_what_bubblewrap_needs() -> None:
-    unit = _parse_unit(_unit("--state-root", "/var/lib/pdk", "--workspace", "/srv/w1",
-                             "--workspace", "/srv/w2"))
+    unit = _parse_unit(
+        _unit("--state-root", "/var/lib/pdk", "--workspace", "/srv/w1", "--workspace", "/srv/w2")
+    )
     service = unit["Service"]
     for key, value in REQUIRED.items():
         assert service[key] == [value], key
@@ -625,7 +721,8 @@ def test_unit_file_is_hardened_and_leaves_what_bubblewrap_needs() -> None:
     assert "AF_NETLINK" in families  # bubblewrap brings up each fence's loopback over netlink
     assert service["User"] == ["paddock"]
     assert service["ExecStart"] == [
-        "/opt/paddock/current/bin/paddock-target serve --config /etc/paddock/target.toml"]
+        "/opt/paddock/current/bin/paddock-target serve --config /etc/paddock/target.toml"
+    ]
     assert unit["Install"]["WantedBy"] == ["multi-user.target"]
 
 
@@ -637,8 +734,19 @@ def test_unit_file_binds_back_workspaces_under_home() -> None:
 
 def test_unit_file_refuses_paths_it_cannot_carry() -> None:
     proc = subprocess.run(
-        [SYSTEM_PYTHON, str(DEPLOY), "--wheel", "/x.whl", "--print-unit", "--workspace",
-         "/srv/my work"], capture_output=True, text=True, check=False, timeout=30,
+        [
+            SYSTEM_PYTHON,
+            str(DEPLOY),
+            "--wheel",
+            "/x.whl",
+            "--print-unit",
+            "--workspace",
+            "/srv/my work",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
     )
     assert proc.returncode == 2 and "whitespace" in proc.stderr
     escaped = _parse_unit(_unit("--workspace", "/srv/100%"))["Service"]["ReadWritePaths"]
@@ -648,14 +756,32 @@ def test_unit_file_refuses_paths_it_cannot_carry() -> None:
 def test_unit_file_passes_systemd_analyze_verify(host: Host, tmp_path: Path) -> None:
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
-        pytest.skip("systemd-analyze is not installed here; the unit was checked by "
-                    "test_unit_file_is_hardened_and_leaves_what_bubblewrap_needs only")
+        pytest.skip(
+            "systemd-analyze is not installed here; the unit was checked by "
+            "test_unit_file_is_hardened_and_leaves_what_bubblewrap_needs only"
+        )
     unit = tmp_path / "paddock-target.service"
-    unit.write_text(_unit("--user", host.user, "--prefix", str(host.prefix), "--state-root",
-                          str(host.state), "--config-dir", str(host.config_dir),
-                          "--workspace", str(host.workspace)))
-    proc = subprocess.run([analyze, "verify", "--man=no", str(unit)], capture_output=True,
-                          text=True, timeout=60, check=False)
+    unit.write_text(
+        _unit(
+            "--user",
+            host.user,
+            "--prefix",
+            str(host.prefix),
+            "--state-root",
+            str(host.state),
+            "--config-dir",
+            str(host.config_dir),
+            "--workspace",
+            str(host.workspace),
+        )
+    )
+    proc = subprocess.run(
+        [analyze, "verify", "--man=no", str(unit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     said = [line for line in (proc.stdout + proc.stderr).splitlines() if unit.name in line]
     assert proc.returncode == 0 and said == [], proc.stdout + proc.stderr
 
@@ -677,9 +803,23 @@ def test_deploy_prunes_all_but_two_old_releases(tmp_path: Path) -> None:
 def test_deploy_refuses_a_wheel_with_a_renamed_file(tmp_path: Path, wheels: Wheels) -> None:
     renamed = tmp_path / "paddock.whl"
     shutil.copy(wheels.old, renamed)
-    proc = subprocess.run([SYSTEM_PYTHON, str(DEPLOY), "--wheel", str(renamed), "--role", "r",
-                           "--json", "--prefix", str(tmp_path / "p")],
-                          capture_output=True, text=True, timeout=60, check=False)
+    proc = subprocess.run(
+        [
+            SYSTEM_PYTHON,
+            str(DEPLOY),
+            "--wheel",
+            str(renamed),
+            "--role",
+            "r",
+            "--json",
+            "--prefix",
+            str(tmp_path / "p"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 2
     result = json.loads(proc.stdout.splitlines()[-1])
     assert result["summary"] == "nothing was changed" and "file name" in result["error"]

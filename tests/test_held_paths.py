@@ -56,8 +56,12 @@ async def _run(
     seen: list[tuple[str, dict[str, object]]] = []
     try:
         running = await launch_turn(
-            find_bwrap(), plan, scratch, lambda kind, **f: seen.append((kind, f)),
-            Limiter.detect(), inject,
+            find_bwrap(),
+            plan,
+            scratch,
+            lambda kind, **f: seen.append((kind, f)),
+            Limiter.detect(),
+            inject,
         )
         outcome = await running.wait()
     finally:
@@ -69,6 +73,7 @@ def _at(step: str, action: Callable[[], None]) -> Callable[[str], None]:
     def hook(name: str) -> None:
         if name == step:
             action()
+
     return hook
 
 
@@ -96,8 +101,11 @@ async def test_mount_swapped_for_symlink_before_open_is_path_changed(
         shared.symlink_to(decoy)
 
     with pytest.raises(RefusedError) as refused:
-        await _run(settings, {"argv": ["cat", f"{shared}/marker"], "fs": {"read": [str(shared)]}},
-                   _at("check-to-open", swap))
+        await _run(
+            settings,
+            {"argv": ["cat", f"{shared}/marker"], "fs": {"read": [str(shared)]}},
+            _at("check-to-open", swap),
+        )
     assert refused.value.refusal.rule == "path-changed"
     assert refused.value.refusal.subject == "fs.read[0]"
 
@@ -114,8 +122,11 @@ async def test_mount_replaced_by_another_directory_before_open_is_path_changed(
         (shared / "marker").write_text("impostor\n")
 
     with pytest.raises(RefusedError) as refused:
-        await _run(settings, {"argv": ["cat", f"{shared}/marker"], "fs": {"read": [str(shared)]}},
-                   _at("check-to-open", swap))
+        await _run(
+            settings,
+            {"argv": ["cat", f"{shared}/marker"], "fs": {"read": [str(shared)]}},
+            _at("check-to-open", swap),
+        )
     assert refused.value.refusal.rule == "path-changed"
 
 
@@ -133,8 +144,11 @@ async def test_mount_parent_swapped_for_symlink_before_open_is_path_changed(
         outer.symlink_to(root / "outer-moved")
 
     with pytest.raises(RefusedError) as refused:
-        await _run(settings, {"argv": ["cat", f"{shared}/marker"], "fs": {"read": [str(shared)]}},
-                   _at("check-to-open", swap))
+        await _run(
+            settings,
+            {"argv": ["cat", f"{shared}/marker"], "fs": {"read": [str(shared)]}},
+            _at("check-to-open", swap),
+        )
     assert refused.value.refusal.rule == "path-changed"
 
 
@@ -148,7 +162,8 @@ async def test_mount_swapped_after_open_mounts_the_checked_inode(
         shared.symlink_to(decoy)
 
     outcome, out = await _run(
-        settings, {"argv": ["cat", f"{shared}/marker"], "fs": {"read": [str(shared)]}},
+        settings,
+        {"argv": ["cat", f"{shared}/marker"], "fs": {"read": [str(shared)]}},
         _at("open-to-launch", swap),
     )
     assert (outcome.exit_code, out) == (0, "original\n")

@@ -65,7 +65,8 @@ def test_fork_bomb_ends_its_own_turn_and_others_carry_on(client: httpx.Client) -
     if _processes_seen(client, 32) > 32:
         pytest.fail("the pids limit does not hold here; not launching a fork bomb")
     bomb = submit(
-        client, argv=["bash", "-c", ":(){ :|:& };:; exec sleep 60"],
+        client,
+        argv=["bash", "-c", ":(){ :|:& };:; exec sleep 60"],
         limits={"pids": 64, "wall_s": 5},
     )
     assert wait_until(lambda: _in_cgroup_of(bomb.turn_id) > 8)
@@ -158,7 +159,11 @@ async def test_without_cgroups_memory_falls_back_to_a_per_process_rlimit(tmp_pat
     seen: list[tuple[str, dict[str, object]]] = []
     try:
         running = await launch_turn(
-            find_bwrap(), plan, scratch, lambda kind, **f: seen.append((kind, f)), Limiter(()),
+            find_bwrap(),
+            plan,
+            scratch,
+            lambda kind, **f: seen.append((kind, f)),
+            Limiter(()),
         )
         outcome: Outcome = await running.wait()
     finally:
@@ -202,8 +207,11 @@ def test_cgroup_v2_delegated_subtree_is_detected_and_written(tmp_path: Path) -> 
     assert cgroup.parent == base
     written = {f.name: f.read_text() for f in cgroup.iterdir()}
     assert written == {
-        "memory.max": str(64 << 20), "memory.swap.max": "0", "memory.oom.group": "1",
-        "pids.max": "32", "cpu.max": "50000 100000",
+        "memory.max": str(64 << 20),
+        "memory.swap.max": "0",
+        "memory.oom.group": "1",
+        "pids.max": "32",
+        "cpu.max": "50000 100000",
     }
     turn.place(4242)
     assert (cgroup / "cgroup.procs").read_text() == "4242\n"
