@@ -53,7 +53,7 @@ MUTATIONS = (
     Mutation(
         "symlinks-not-followed",
         "target_side/plan.py",
-        "        resolved = canonical_path(path)\n        self._check_forbidden(subject, path, resolved)",
+        "        resolved = resolve(subject, path)\n        self._check_forbidden(subject, path, resolved)",
         "        resolved = posixpath.normpath(path)\n        self._check_forbidden(subject, path, resolved)",
         ("tests/test_fence.py::test_fs_read_through_a_symlink_to_forbidden_path_is_refused",),
     ),
@@ -67,8 +67,8 @@ MUTATIONS = (
     Mutation(
         "capabilities-kept-as-root",
         "target_side/launch.py",
-        '        "--uid", str(plan.uid), "--gid", str(plan.gid),\n        "--cap-drop", "ALL",\n',
-        '        "--uid", "0", "--gid", "0",\n        "--cap-add", "ALL",\n',
+        '        "--uid",\n        str(plan.uid),\n        "--gid",\n        str(plan.gid),\n        "--cap-drop",\n        "ALL",\n',
+        '        "--uid",\n        "0",\n        "--gid",\n        "0",\n        "--cap-add",\n        "ALL",\n',
         ("tests/test_fence.py::test_fence_runs_as_non_root_without_capabilities",),
     ),
     Mutation(
@@ -76,8 +76,8 @@ MUTATIONS = (
         # remount test only goes red once both layers are gone.
         "capabilities-kept-as-root-remount",
         "target_side/launch.py",
-        '        "--uid", str(plan.uid), "--gid", str(plan.gid),\n        "--cap-drop", "ALL",\n',
-        '        "--uid", "0", "--gid", "0",\n        "--cap-add", "ALL",\n',
+        '        "--uid",\n        str(plan.uid),\n        "--gid",\n        str(plan.gid),\n        "--cap-drop",\n        "ALL",\n',
+        '        "--uid",\n        "0",\n        "--gid",\n        "0",\n        "--cap-add",\n        "ALL",\n',
         ("tests/test_fence.py::test_fence_remount_read_only_bind_writable_fails",),
         also=(('"--unshare-user", "--disable-userns"]', '"--unshare-user"]'),),
     ),
@@ -182,7 +182,7 @@ MUTATIONS = (
     Mutation(
         "executable-not-bound-by-fd",
         "target_side/launch.py",
-        '        "--ro-bind-fd", str(fds.held.exe), plan.executable.path,\n',
+        '        "--ro-bind-fd",\n        str(fds.held.exe),\n        plan.executable.path,\n',
         "",
         ("tests/test_held_paths.py::test_executable_replaced_after_open_runs_the_checked_inode",),
     ),
@@ -210,7 +210,7 @@ MUTATIONS = (
         ("tests/test_held_paths.py -k shim_in_world_writable or someone_else or group_writable",),
         also=(
             (
-                "    _check_directories(given, resolved, canonical_path(posixpath.dirname(candidate)))"
+                '    _check_directories(given, resolved, resolve("argv[0]", posixpath.dirname(candidate)))'
                 "\n",
                 "",
             ),
