@@ -5,11 +5,18 @@
                 [--json] [--local | --ssh USER@HOST[:PORT] [-i KEY] [--known-hosts F]]
                 -- CMD...
     paddock health [--target URL] [--cacert F] [--local | --ssh USER@HOST[:PORT] ...]
+    paddock deploy USER@HOST[:PORT] [--role R ...] [-i KEY] [--known-hosts F] [--name NAME]
+                   [--route ssh|https] [--wheel W] [--listen ...] [--workspace ...] ...
+    paddock run -t NAME -- CMD...        (also plan, logs, turns, health)
 
 With ``--ssh``, every request goes through one SSH connection to the target
 host (see ``agent_side.ssh``), and ``--target`` names the listener as seen from
 there (default http://127.0.0.1:8443). A passphrase-protected key is unlocked
 with PADDOCK_SSH_PASSPHRASE, else asked for on the terminal.
+
+``paddock deploy`` installs a target over SSH (see ``agent_side.deploy``) and
+stores it (``agent_side.targets_file``); ``-t NAME`` then stands for its route,
+token and CA, in place of --target/--ssh and the PADDOCK_* variables.
 
 Exit statuses follow DESIGN.md: the command's own 0..123, 124 timed out, 125
 paddock itself failed (this module's ``paddock: LABEL: ...`` lines), 126
@@ -26,6 +33,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, NoReturn, TextIO
 
@@ -41,6 +49,7 @@ from shared.wire import Event, OutputEvent, Turn, TurnRequest
 
 if TYPE_CHECKING:
     from agent_side.ssh import PassphraseSource
+    from agent_side.targets_file import StoredTarget
 
 DEFAULT_ROLE = "default"
 INTERRUPTED = for_signal(signal.SIGINT)
@@ -55,6 +64,10 @@ class Connection:
     url: str
     token: str | None = field(repr=False)
     cacert: str | None
+    stored: StoredTarget | None = None
+    """The stored target ``-t NAME`` named, if it did."""
+    role: str | None = None
+    """The role the stored target's token is for (``--role``, else its default)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -117,6 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     health = commands.add_parser("health", help="print the target's health (exit 1: degraded)")
     _add_target_options(health)
     health.set_defaults(handler=health_command)
+
+    _add_deploy_parser(commands)
     return parser
 
 
@@ -127,6 +142,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_target_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-t",
+        "--target-name",
+        metavar="NAME",
+        help="a target stored by 'paddock deploy': its route, token and CA",
+    )
     parser.add_argument(
         "--target",
         metavar="URL",
@@ -153,6 +174,75 @@ def _add_target_options(parser: argparse.ArgumentParser) -> None:
         metavar="F",
         help="known_hosts file to check besides ~/.ssh/known_hosts (repeatable)",
     )
+
+
+def _add_deploy_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
+    deploy = commands.add_parser(
+        "deploy",
+        help="install or upgrade a target over SSH, and store it for -t NAME",
+        description="Upload this paddock and deploy/paddock-deploy over SSH, run it as root, "
+        "and store the target (route, tokens, pinned CA) under NAME for 'paddock run -t NAME'.",
+    )
+    deploy.add_argument("destination", metavar="USER@HOST[:PORT]")
+    deploy.add_argument(
+        "--role",
+        action="append",
+        default=[],
+        metavar="R",
+        help="a role to serve (repeatable; needed on a first deploy); each new one gets a token",
+    )
+    deploy.add_argument(
+        "-i", dest="identity", action="append", default=[], metavar="KEY", help="SSH key to offer"
+    )
+    deploy.add_argument(
+        "--known-hosts", action="append", default=[], metavar="F", help="another known_hosts file"
+    )
+    deploy.add_argument("--name", help="store the target under NAME (default: HOST)")
+    deploy.add_argument(
+        "--route",
+        choices=("ssh", "https"),
+        default="ssh",
+        help="how -t NAME reaches it: through SSH (default) or straight over HTTPS",
+    )
+    deploy.add_argument("--url", help="with --route https: the listener's URL as seen from here")
+    deploy.add_argument(
+        "--wheel", type=Path, metavar="W", help="a paddock wheel (default: build this checkout)"
+    )
+    deploy.add_argument(
+        "--wheelhouse",
+        type=Path,
+        metavar="DIR",
+        help="wheels of the dependencies, uploaded with it (a target without a package index)",
+    )
+    deploy.add_argument(
+        "--script", type=Path, metavar="F", help="the deploy script (default: the checkout's)"
+    )
+    deploy.add_argument(
+        "--python",
+        default="python3",
+        metavar="P",
+        help="the target's Python (3.11+) to run it with, e.g. /usr/bin/python3 "
+        "(default: python3 on the login's PATH); the service user must be able to run it",
+    )
+    deploy.add_argument("--json", action="store_true", help="pass the script's JSON lines through")
+    passed = deploy.add_argument_group("passed to paddock-deploy (see deploy/README.md)")
+    for flag, metavar in SCRIPT_VALUE_OPTIONS.items():
+        passed.add_argument(flag, metavar=metavar)
+    passed.add_argument("--service", choices=("auto", "systemd", "supervised"))
+    for flag, metavar in SCRIPT_REPEATED_OPTIONS.items():
+        passed.add_argument(flag, metavar=metavar, action="append", default=[], help="repeatable")
+    deploy.add_argument("--fail-at", help=argparse.SUPPRESS)  # the script's rollback tests
+    deploy.set_defaults(handler=deploy_command)
+
+
+SCRIPT_VALUE_OPTIONS = {
+    "--listen": "HOST:PORT",
+    "--prefix": "DIR",
+    "--state-root": "DIR",
+    "--config-dir": "DIR",
+    "--user": "USER",
+}
+SCRIPT_REPEATED_OPTIONS = {"--workspace": "DIR", "--tls-host": "NAME"}
 
 
 def _add_token_option(parser: argparse.ArgumentParser) -> None:
@@ -192,7 +282,10 @@ def resolve_connection(
 
     With ``--ssh`` the URL is the listener as seen from the SSH host, so only
     ``--target`` names it: PADDOCK_TARGET names the target as seen from here.
+    With ``-t NAME`` all three come from the stored target.
     """
+    if getattr(args, "target_name", None):
+        return _stored_connection(args, environ, need_token=need_token)
     if getattr(args, "ssh", None):
         url = args.target or DEFAULT_SSH_TARGET
     else:
@@ -213,6 +306,34 @@ def resolve_connection(
     return Connection(url=url, token=token, cacert=args.cacert or environ.get("PADDOCK_CACERT"))
 
 
+def _stored_connection(
+    args: argparse.Namespace, environ: Mapping[str, str], *, need_token: bool
+) -> Connection:
+    """``-t NAME``: the stored route, token and CA; --token-file and --cacert still win."""
+    from agent_side import targets_file
+
+    name = args.target_name
+    for flag, value in (("--target", args.target), ("--ssh", args.ssh)):
+        if value:
+            raise UsageError(f"-t {name} names the target already; drop {flag}")
+    entry = targets_file.load(name, environ)
+    if entry.route != "ssh":
+        _refuse_ssh_options_without_ssh(args)
+    role = getattr(args, "role", None) or entry.default_role or _only(entry.tokens) or DEFAULT_ROLE
+    token = None
+    token_file = getattr(args, "token_file", None)
+    if token_file:
+        token = read_token(token_file)
+    elif need_token:
+        token = read_token(str(entry.token_file(role)))
+    cacert = args.cacert or entry.checked_ca()
+    return Connection(url=entry.url, token=token, cacert=cacert, stored=entry, role=role)
+
+
+def _only(names: Mapping[str, object]) -> str | None:
+    return next(iter(names)) if len(names) == 1 else None
+
+
 def _refuse_ssh_options_without_ssh(args: argparse.Namespace) -> None:
     given = [
         flag
@@ -220,13 +341,25 @@ def _refuse_ssh_options_without_ssh(args: argparse.Namespace) -> None:
         if value
     ]
     if given:
-        raise UsageError(f"{' and '.join(given)} only apply with --ssh USER@HOST")
+        flags = " and ".join(given)
+        raise UsageError(f"{flags} only apply with --ssh USER@HOST, or -t NAME of an SSH route")
 
 
 def open_target(
     args: argparse.Namespace, environ: Mapping[str, str], connection: Connection
 ) -> Target:
     """The target the command line names: through SSH with ``--ssh``, else directly."""
+    stored = connection.stored
+    if stored is not None and stored.route == "ssh" and stored.ssh is not None:
+        return Target.ssh(
+            stored.ssh,
+            token=connection.token,
+            url=connection.url,
+            cacert=connection.cacert,
+            identity_files=args.identity or stored.identity_files,
+            known_hosts=args.known_hosts or stored.known_hosts,
+            passphrase=ssh_passphrase(environ),
+        )
     if not getattr(args, "ssh", None):
         return Target.https(connection.url, token=connection.token, cacert=connection.cacert)
     return Target.ssh(
@@ -250,8 +383,12 @@ def ssh_passphrase(environ: Mapping[str, str]) -> PassphraseSource:
     return interactive_passphrase
 
 
-def resolve_role(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
-    """``--role``, else PADDOCK_ROLE, else ``default``."""
+def resolve_role(
+    args: argparse.Namespace, environ: Mapping[str, str], connection: Connection | None = None
+) -> str:
+    """``--role``, else the stored target's role, else PADDOCK_ROLE, else ``default``."""
+    if connection is not None and connection.role is not None:
+        return connection.role
     return str(args.role or environ.get("PADDOCK_ROLE") or DEFAULT_ROLE)
 
 
@@ -338,7 +475,8 @@ def run_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         ):
             return run_turn(target.client, request, as_json=args.json)
     connection = resolve_connection(args, environ)
-    request = _with_stdin(args, build_request(args, resolve_role(args, environ), None))
+    role = resolve_role(args, environ, connection)
+    request = _with_stdin(args, build_request(args, role, None))
     with open_target(args, environ, connection) as target:
         return run_turn(target.client, request, as_json=args.json)
 
@@ -364,6 +502,7 @@ def _refuse_with_local(args: argparse.Namespace) -> None:
         ("--target", args.target),
         ("--cacert", args.cacert),
         ("--ssh", args.ssh),
+        ("-t", args.target_name),
         ("-i", args.identity),
         ("--known-hosts", args.known_hosts),
     )
@@ -560,7 +699,7 @@ def plan_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         ):
             return print_plan(target.client.plan(request), as_json=args.json)
     connection = resolve_connection(args, environ)
-    request = build_request(args, resolve_role(args, environ), None)
+    request = build_request(args, resolve_role(args, environ, connection), None)
     with open_target(args, environ, connection) as target:
         return print_plan(target.client.plan(request), as_json=args.json)
 
@@ -599,7 +738,7 @@ def _refuse_local_for(args: argparse.Namespace, command: str) -> None:
     if args.local:
         raise UsageError(
             f"--local starts a target that lives only for one 'paddock run'; "
-            f"'paddock {command}' needs a lasting one (--target or --ssh)"
+            f"'paddock {command}' needs a lasting one (--target, --ssh or -t)"
         )
 
 
@@ -626,6 +765,40 @@ def _print_health(target: Target) -> int:
     health = target.health()
     _write(sys.stdout, (health.model_dump_json() + "\n").encode())
     return 0 if health.status == "armed" else 1
+
+
+# -- deploy ---------------------------------------------------------------------------
+
+
+def deploy_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """``paddock deploy``: the target's own exit status (0..3), or 125 if paddock failed."""
+    from agent_side.deploy import DeployRequest, deploy, script_options
+
+    if args.url is not None and args.route != "https":
+        raise UsageError("--url names a direct route: give --route https too")
+    pairs = [(flag, getattr(args, _dest(flag))) for flag in SCRIPT_VALUE_OPTIONS]
+    pairs.append(("--service", args.service))
+    pairs += [(flag, v) for flag in SCRIPT_REPEATED_OPTIONS for v in getattr(args, _dest(flag))]
+    request = DeployRequest(
+        destination=args.destination,
+        roles=tuple(args.role),
+        identity_files=tuple(args.identity),
+        known_hosts=tuple(args.known_hosts),
+        script_options=script_options(pairs, args.fail_at),
+        name=args.name,
+        route=args.route,
+        url=args.url,
+        wheel=args.wheel,
+        wheelhouse=args.wheelhouse,
+        script=args.script,
+        python=args.python,
+        as_json=args.json,
+    )
+    return deploy(request, environ, ssh_passphrase(environ))
+
+
+def _dest(flag: str) -> str:
+    return flag.removeprefix("--").replace("-", "_")
 
 
 # -- output ---------------------------------------------------------------------------

@@ -47,9 +47,7 @@ INDEX_NAME = "targets.toml"
 ROUTES = ("ssh", "https")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 """Entry names: host names, IP addresses (IPv6 too) and aliases; never a path."""
-_PEM_CERTIFICATE = re.compile(
-    r"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", re.S
-)
+_PEM_CERTIFICATE = re.compile(r"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", re.S)
 _HEADER = (
     "# paddock's targets, written by `paddock deploy`; `paddock run -t NAME` reads them.\n"
     "# Tokens and CA certificates are in the files named here, each 0600.\n"
@@ -93,7 +91,9 @@ class StoredTarget:
         try:
             pem = self.ca_file.read_text(encoding="ascii")
         except (OSError, UnicodeDecodeError) as exc:
-            raise UsageError(f"target {self.name}: cannot read its CA {self.ca_file}: {exc}") from exc
+            raise UsageError(
+                f"target {self.name}: cannot read its CA {self.ca_file}: {exc}"
+            ) from exc
         if self.ca_sha256 is not None and fingerprint(pem) != self.ca_sha256:
             raise UsageError(
                 f"target {self.name}: {self.ca_file} no longer holds the CA pinned at deploy "
@@ -166,10 +166,10 @@ def _entry(name: str, table: Any, directory: Path) -> StoredTarget:
         raise UsageError(f"{where} is not a table")
     route, url = table.get("route"), table.get("url")
     if route not in ROUTES or not isinstance(url, str):
-        raise UsageError(f"{where}: needs route = \"ssh\" or \"https\", and url")
+        raise UsageError(f'{where}: needs route = "ssh" or "https", and url')
     ssh = table.get("ssh")
     if route == "ssh" and not isinstance(ssh, str):
-        raise UsageError(f"{where}: route \"ssh\" needs ssh = \"USER@HOST[:PORT]\"")
+        raise UsageError(f'{where}: route "ssh" needs ssh = "USER@HOST[:PORT]"')
     tokens = table.get("tokens", {})
     if not isinstance(tokens, dict) or not all(isinstance(v, str) for v in tokens.values()):
         raise UsageError(f"{where}.tokens must map each role to a file")
@@ -237,7 +237,7 @@ def save(
         same_install = old is not None and _pin(old) == _pin(entry)
         kept = dict(old.tokens) if old is not None and same_install else {}
         dropped = tuple(sorted(old.tokens)) if old is not None and not same_install else ()
-        own = _private_dir(directory / "targets" / entry.name)
+        own = _private_dir(_private_dir(directory / "targets") / entry.name)
         written = {role: own / f"token-{role}" for role in tokens}
         for role, token in tokens.items():
             write_private(written[role], token + "\n")

@@ -15,6 +15,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from shared.wire import Event, RefusedEvent
+
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 MIB = 1 << 20
@@ -37,6 +39,41 @@ class Samples:
     @property
     def mean(self) -> float:
         return sum(self.values) / len(self.values)
+
+
+class TurnFailed(RuntimeError):
+    """A measured turn did not exit 0: a finding about the target, not a broken bench.
+
+    Rows drop that sample, count it, and print how the turn ended under their table.
+    """
+
+
+STDERR_SHOWN = 300
+"""How much of a failed turn's stderr its report keeps (the end of it)."""
+
+
+def turn_end(turn_id: str, last: Event | None, stderr: str | bytes) -> str:
+    """How a turn ended, in one line: its terminal event, and the end of its stderr."""
+    if isinstance(last, RefusedEvent):
+        ended = f"refused ({last.refusal.rule}: {last.refusal.detail})"
+    elif last is None:
+        ended = "ended with no event"
+    else:
+        ended = f"ended with {last.kind} {getattr(last, 'exit_code', '')}".rstrip()
+    text = stderr.decode(errors="replace") if isinstance(stderr, bytes) else stderr
+    text = text.strip()[-STDERR_SHOWN:]
+    said = f"; its stderr: {text!r}" if text else ""
+    return f"turn {turn_id} {ended}{said}"
+
+
+def with_failures(table: str, failures: Sequence[str], shown: int = 5) -> str:
+    """``table``, then the first ``shown`` of ``failures`` (turns that did not exit 0)."""
+    if not failures:
+        return table
+    lines = [f"  {how}" for how in failures[:shown]]
+    if len(failures) > shown:
+        lines.append(f"  ... and {len(failures) - shown} more")
+    return "\n".join([table, f"turns that did not exit 0 ({len(failures)}):", *lines])
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -15,10 +15,23 @@ from dataclasses import dataclass, field, replace
 
 from agent_side.api import Target
 from agent_side.client import TargetClient
-from bench.common import PYTHON, REPO, Samples, child_env, ms, ratio, render_table, run_quiet
+from bench.common import (
+    PYTHON,
+    REPO,
+    STDERR_SHOWN,
+    Samples,
+    TurnFailed,
+    child_env,
+    ms,
+    ratio,
+    render_table,
+    run_quiet,
+    turn_end,
+    with_failures,
+)
 from bench.sshd import LocalSsh, control_master, local_sshd, port_forward, ssh_missing
 from bench.targets import ROLE, TargetInfo, embedded_target, target_process
-from shared.wire import TERMINAL_KINDS, ExitEvent, Turn, TurnRequest
+from shared.wire import Event, ExitEvent, OutputEvent, Turn, TurnRequest
 
 BARE_BWRAP = [
     "bwrap", "--unshare-all", "--unshare-user", "--disable-userns",
@@ -62,6 +75,20 @@ class Row:
     note: str = ""
     slow: bool = False
     values: list[float] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    """How each turn that did not exit 0 ended; its sample is dropped."""
+
+    def attempt(self) -> float | None:
+        """Run the action once: its duration, or None (and a failure noted) if the turn failed."""
+        if self.action is None:
+            return None
+        started = time.perf_counter()
+        try:
+            self.action()
+        except TurnFailed as exc:
+            self.failures.append(f"{self.name}: {exc}")
+            return None
+        return time.perf_counter() - started
 
 
 @dataclass
@@ -114,7 +141,8 @@ def run(runs: int, slow_runs: int) -> str:
             split = splits[name]
             for turn_id in split.turn_ids[-runs:]:
                 split.add_server_view(client.turn(turn_id))
-    tables = [_main_table(rows), _split_table(splits, runs)]
+    failures = [how for row in rows for how in row.failures]
+    tables = [with_failures(_main_table(rows), failures), _split_table(splits, runs)]
     if _p50_of(rows, TUNNEL_PLAIN) is not None:
         tables.append(_tunnel_table(rows))
     return "\n\n".join(tables)
@@ -123,15 +151,14 @@ def run(runs: int, slow_runs: int) -> str:
 def _measure(rows: list[Row], runs: int, stride: int) -> None:
     for row in rows:
         for _ in range(1 if row.slow else WARMUP):
-            if row.action is not None:
-                row.action()
+            row.attempt()
     for round_no in range(runs):
         for row in rows:
-            if row.action is None or (row.slow and round_no % stride):
+            if row.slow and round_no % stride:
                 continue
-            started = time.perf_counter()
-            row.action()
-            row.values.append(time.perf_counter() - started)
+            took = row.attempt()
+            if took is not None:
+                row.values.append(took)
 
 
 def _baseline_rows() -> list[Row]:
@@ -168,9 +195,10 @@ def _events_to_end_row(client: TargetClient) -> Row:
 
     def one_turn() -> None:
         turn = client.submit(TRUE_REQUEST)
-        kinds = [event.kind for event in client.events(turn.turn_id)]
-        if not TERMINAL_KINDS.intersection(kinds):
-            raise RuntimeError(f"turn {turn.turn_id} stream ended without exit: {kinds}")
+        events = list(client.events(turn.turn_id))
+        last = events[-1] if events else None
+        if not isinstance(last, ExitEvent) or last.exit_code != 0:
+            raise TurnFailed(turn_end(turn.turn_id, last, _stderr_of(events)))
 
     return Row("paddock client, events() to end", one_turn, "stream drained, connection kept")
 
@@ -195,7 +223,8 @@ def _cli_row(name: str, target: TargetInfo, options: list[str]) -> Row:
             argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, capture_output=True, check=False
         )
         if done.returncode != 0:
-            raise RuntimeError(f"paddock run exited {done.returncode}: {done.stderr.decode()}")
+            said = done.stderr.decode(errors="replace").strip()[-STDERR_SHOWN:]
+            raise TurnFailed(f"paddock run exited {done.returncode}; its stderr: {said!r}")
 
     return Row(name, one, "incl. interpreter start", slow=True)
 
@@ -242,9 +271,11 @@ def _api_row(name: str, target: Target, note: str) -> Row:
     target.health()
 
     def one_turn() -> None:
-        result = target.run(["true"])
+        seen: list[Event] = []
+        result = target.run(["true"], on_event=seen.append)
         if result.exit_code != 0:
-            raise RuntimeError(f"{name}: turn {result.turn.turn_id} exited {result.exit_code}")
+            last = seen[-1] if seen else None
+            raise TurnFailed(turn_end(result.turn.turn_id, last, result.stderr))
 
     return Row(name, one_turn, note)
 
@@ -255,11 +286,16 @@ def _connect_once(target: TargetInfo, ssh: LocalSsh) -> None:
 
 
 def _follow_to_exit(client: TargetClient, turn_id: str) -> None:
-    last = None
-    for event in client.follow(turn_id):
-        last = event
+    events = list(client.follow(turn_id))
+    last = events[-1] if events else None
     if not isinstance(last, ExitEvent) or last.exit_code != 0:
-        raise RuntimeError(f"turn {turn_id} did not exit 0: {last}")
+        raise TurnFailed(turn_end(turn_id, last, _stderr_of(events)))
+
+
+def _stderr_of(events: list[Event]) -> str:
+    return "".join(
+        e.data or "" for e in events if isinstance(e, OutputEvent) and e.kind == "stderr"
+    )
 
 
 def _main_table(rows: list[Row]) -> str:

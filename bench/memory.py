@@ -7,13 +7,23 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 
-from bench.common import kib_field, proc_status, render_table
+from bench.common import (
+    STDERR_SHOWN,
+    kib_field,
+    proc_status,
+    render_table,
+    turn_end,
+    with_failures,
+)
 from bench.targets import ROLE, TargetInfo, target_process
-from shared.wire import ExitEvent, TurnRequest
+from shared.wire import Event, ExitEvent, OutputEvent, TurnRequest
 
-LEVELS = (1, 20, 50)
+LEVELS = (1, 20, 50, 200)
 SETTLE_S = 0.5
 SUBMIT_TIMEOUT_S = 60.0
+SUBMIT_ALLOWANCE_S = 0.1
+"""Turns of a level sleep at least this long per turn of the level: on 2 cores, 200
+submissions take about 11 s, and every turn must still be running when sampled."""
 
 
 @dataclass(frozen=True)
@@ -26,6 +36,7 @@ class Sample:
     fds: int
     submit_s: float | None = None
     per_turn_kib: float | None = None
+    failed: int = 0
 
 
 @dataclass
@@ -35,12 +46,19 @@ class _Tracker:
     expected: int
     submitted: int = 0
     exited: int = 0
+    failed: list[str] = field(default_factory=list)
+    """How each turn that ended otherwise than exit 0 ended: a finding, not a bench error."""
     errors: list[BaseException] = field(default_factory=list)
     changed: threading.Condition = field(default_factory=threading.Condition)
 
     def note(self, attr: str) -> None:
         with self.changed:
             setattr(self, attr, getattr(self, attr) + 1)
+            self.changed.notify_all()
+
+    def turn_failed(self, how: str) -> None:
+        with self.changed:
+            self.failed.append(how)
             self.changed.notify_all()
 
     def fail(self, exc: BaseException) -> None:
@@ -65,12 +83,15 @@ def run(sleep_s: float, sequential: int) -> str:
     Then ``sequential`` ``true`` turns twice over: first each event stream read
     to its end, then followed with ``follow()``, which stops at the exit event.
     """
+    failures: list[str] = []
     with target_process() as target:
         idle = _sample("idle (started, no turn yet)", target.pid, 0)
         samples = [idle]
         for level in LEVELS:
-            loaded = _level(target, level, sleep_s)
-            samples.append(replace(loaded, per_turn_kib=(loaded.rss_kib - idle.rss_kib) / level))
+            level_s = max(sleep_s, level * SUBMIT_ALLOWANCE_S)
+            loaded = _level(target, level, level_s, failures)
+            growth = loaded.rss_kib - idle.rss_kib
+            samples.append(replace(loaded, per_turn_kib=growth / max(loaded.running, 1)))
             samples.append(_sample(f"  after those {level} ended", target.pid, 0))
         time.sleep(1.0)
         samples.append(_sample("after all turns ended (+1 s)", target.pid, 0))
@@ -79,7 +100,7 @@ def run(sleep_s: float, sequential: int) -> str:
             _sequential(target, sequential, drain)
             after = _sample(f"+{sequential} `true` turns, {label}", target.pid, 0)
             samples.append(replace(after, per_turn_kib=(after.rss_kib - before) / sequential))
-    return _table(samples, sleep_s)
+    return _table(samples, sleep_s, failures)
 
 
 def _sequential(target: TargetInfo, count: int, drain: bool) -> None:
@@ -96,7 +117,9 @@ def _sequential(target: TargetInfo, count: int, drain: bool) -> None:
                 raise RuntimeError(f"turn {turn.turn_id} ended with {last}")
 
 
-def _level(target: TargetInfo, count: int, sleep_s: float) -> Sample:
+def _level(target: TargetInfo, count: int, sleep_s: float, failures: list[str]) -> Sample:
+    """``count`` turns at once; a turn that does not exit 0 is counted and its end kept in
+    ``failures`` (the target's finding, printed under the table), not raised."""
     tracker = _Tracker(count)
     request = TurnRequest(role=ROLE, argv=["sleep", f"{sleep_s:g}"])
     threads = [
@@ -110,13 +133,14 @@ def _level(target: TargetInfo, count: int, sleep_s: float) -> Sample:
     submit_s = time.perf_counter() - started
     time.sleep(SETTLE_S)
     with tracker.changed:
-        running = tracker.submitted - tracker.exited
+        running = tracker.submitted - tracker.exited - len(tracker.failed)
     sample = _sample(f"{count} concurrent `sleep {sleep_s:g}` turns", target.pid, running)
     for thread in threads:
         thread.join(sleep_s + SUBMIT_TIMEOUT_S)
     if tracker.errors:
         raise RuntimeError(f"a turn failed: {tracker.errors[0]!r}") from tracker.errors[0]
-    return replace(sample, submit_s=submit_s)
+    failures.extend(f"{count} concurrent: {how}" for how in tracker.failed)
+    return replace(sample, submit_s=submit_s, failed=len(tracker.failed))
 
 
 def _one_turn(target: TargetInfo, request: TurnRequest, tracker: _Tracker) -> None:
@@ -125,12 +149,16 @@ def _one_turn(target: TargetInfo, request: TurnRequest, tracker: _Tracker) -> No
         with target.client() as client:
             turn = client.submit(request)
             tracker.note("submitted")
-            last = None
+            last: Event | None = None
+            stderr = ""
             for event in client.follow(turn.turn_id):
                 last = event
-            if not isinstance(last, ExitEvent) or last.exit_code != 0:
-                raise RuntimeError(f"turn {turn.turn_id} ended with {last}")
-            tracker.note("exited")
+                if isinstance(event, OutputEvent) and event.kind == "stderr":
+                    stderr = (stderr + (event.data or ""))[-STDERR_SHOWN:]
+            if isinstance(last, ExitEvent) and last.exit_code == 0:
+                tracker.note("exited")
+            else:
+                tracker.turn_failed(turn_end(turn.turn_id, last, stderr))
     except BaseException as exc:  # reported by the main thread
         tracker.fail(exc)
 
@@ -147,7 +175,7 @@ def _sample(label: str, pid: int, running: int) -> Sample:
     )
 
 
-def _table(samples: list[Sample], sleep_s: float) -> str:
+def _table(samples: list[Sample], sleep_s: float, failures: list[str]) -> str:
     idle = samples[0].rss_kib
     rows = []
     for s in samples:
@@ -157,15 +185,19 @@ def _table(samples: list[Sample], sleep_s: float) -> str:
             s.label, str(s.running), f"{s.rss_kib / 1024:.1f}", f"{delta / 1024:+.1f}",
             per_turn, f"{s.hwm_kib / 1024:.1f}", str(s.threads), str(s.fds),
             "" if s.submit_s is None else f"{s.submit_s:.2f}",
+            str(s.failed) if s.submit_s is not None else "",
         ])
     title = (
         "3. Target process memory (VmRSS of `python -m target_side.cli serve`; each turn\n"
-        f"   submitted by its own client thread and followed to exit; sampled {SETTLE_S:g} s\n"
-        f"   after the last submit answered; turns run `sleep {sleep_s:g}`. KiB/turn: growth\n"
-        "   over idle per running turn, or for the +N rows, growth over the row above / N)"
+        "   submitted by its own client thread and followed to exit; sampled "
+        f"{SETTLE_S:g} s after\n   the last submit answered; turns run `sleep {sleep_s:g}` "
+        f"({SUBMIT_ALLOWANCE_S:g} s per turn of the level if\n"
+        "   longer, so that all still run). KiB/turn: growth over idle per running turn,\n"
+        "   or for the +N rows, growth over the row above / N; 'failed': turns that did\n"
+        "   not exit 0)"
     )
     headers = [
         "state", "running", "RSS MiB", "vs idle", "KiB/turn", "peak MiB", "threads", "fds",
-        "submit s",
+        "submit s", "failed",
     ]
-    return render_table(title, headers, rows)
+    return with_failures(render_table(title, headers, rows), failures)

@@ -1,11 +1,12 @@
 """Section ``resume``: how long a dropped event stream takes to deliver again.
 
 One producer turn prints a line every ``TICK_S`` for the whole section. Each
-row follows it and, once the stream is live, drops the connection, then times
-from the drop to the first event that came over a new connection; or times a
-fresh ``events(after=N)`` request to its first event. Rows run one after
-another (not interleaved), so the followed stream is always caught up when it
-is cut and no old backlog is counted as resume time.
+row follows it and, once the stream is live, stops reading for ``LAG_S`` (so
+an event waits), drops the connection, then times from the drop to the first
+event that came over a new connection; or times a fresh ``events(after=N)``
+request to its first event, N one behind the newest. Rows run one after
+another (not interleaved), so the followed stream has caught up when it is
+cut and no old backlog is counted as resume time.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ LIVE_S = 0.015
 """An event this young is the newest one: the stream has caught up and may be cut."""
 MAX_LEAD_EVENTS = 200
 """Cut anyway after this many, should the machine be too loaded for any event to look live."""
+LAG_S = 2 * TICK_S
+"""The follower stops reading this long before the drop, so an event already waits when it
+resumes: the resume is timed, not the producer's next tick."""
 FLOOR = "events(after=N), new TLS connection"
 
 
@@ -136,6 +140,7 @@ def _through_drops(
                 continue
             lead += 1
             if lead >= LEAD_EVENTS and (_live(event) or lead >= MAX_LEAD_EVENTS):
+                time.sleep(LAG_S)
                 before = connections()
                 drop()
                 dropped_at = time.perf_counter()
@@ -227,8 +232,9 @@ def _table(rows: list[Row], samples: int) -> str:
             row.note,
         ])
     title = (
-        f"4. Resume latency (ms; a turn printing a line every {TICK_S * 1000:g} ms; {samples}\n"
-        "   samples per row after one warm-up; drop rows: from the drop to the first event\n"
-        "   over a new connection; 'x fresh' = row p50 / the new-TLS-connection row's p50)"
+        f"4. Resume latency (ms; a turn printing a line every {TICK_S * 1000:g} ms; {samples} "
+        "samples per row\n   after one warm-up; drop rows: from the drop to the first event "
+        "over a new\n   connection, an event already waiting; 'x fresh' = row p50 / p50 of "
+        "the new TLS\n   connection row)"
     )
     return render_table(title, ["row", "n", "p50", "p95", "mean", "x fresh", "note"], out)

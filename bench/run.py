@@ -1,6 +1,6 @@
 """Run paddock's benchmarks and print their tables.
 
-    .venv/bin/python bench/run.py [--quick] [--only latency|throughput|memory ...]
+    .venv/bin/python bench/run.py [--quick] [--full] [--only latency|throughput|memory|resume ...]
 
 Every ratio is against a baseline measured in the same run, on the same machine.
 """

@@ -14,8 +14,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent_side.client import TargetClient
+from agent_side.ssh import WINDOW_SIZE, Destination, SshConnection, SshOptions, resolve
+from agent_side.tunnel import SshTransport
 from agent_side.turns import output_bytes
-from bench.common import MIB, PYTHON, REPO, ratio, render_table
+from bench.common import (
+    MIB,
+    PYTHON,
+    REPO,
+    STDERR_SHOWN,
+    TurnFailed,
+    ratio,
+    render_table,
+    turn_end,
+)
 from bench.sshd import LocalSsh, local_sshd, ssh_missing
 from bench.targets import ROLE, TargetInfo, target_process
 from shared.wire import ExitEvent, OutputEvent, TurnRequest
@@ -26,6 +37,8 @@ PRINTABLE_LINE = "abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ
 NUL_DIVISOR = 50
 """The /dev/zero turn moves N / NUL_DIVISOR bytes: at its rate N would take minutes."""
 RANDOM_DIVISOR = 4
+WINDOWS = tuple(sorted({2 * MIB, WINDOW_SIZE, 16 * MIB}))
+"""SSH channel windows tried (N/RANDOM_DIVISOR each); agent_side's default among them."""
 
 
 SSH_ROW = "ssh 127.0.0.1 head /dev/zero"
@@ -93,6 +106,14 @@ def _ssh_rows(target: TargetInfo, size: int) -> list[Row]:
         through_plain = _tunnel_turn(plain, ssh, size)
         through_tls = _tunnel_turn(target, ssh, size)
         cli = _cli(target, text, quarter, ssh.paddock_options(target.url))
+        windows = [
+            Row(
+                f"tunnel, {window // MIB} MiB window: yes | head", quarter,
+                _window_turn(plain, ssh, window, quarter),
+                f"SshOptions(window_size=...), plain; N/{RANDOM_DIVISOR}",
+            )
+            for window in WINDOWS
+        ]
     return [
         Row(SSH_ROW, size, plain_ssh, "new connection; OpenSSH's own rate"),
         Row(
@@ -103,6 +124,7 @@ def _ssh_rows(target: TargetInfo, size: int) -> list[Row]:
             "Target.ssh tunnel: yes | head, HTTPS", size, through_tls,
             "Python API, TLS inside the channel",
         ),
+        *windows,
         Row(
             "paddock run --ssh CLI: yes | head", quarter, cli,
             f"through one paramiko connection; N/{RANDOM_DIVISOR}",
@@ -115,6 +137,23 @@ def _tunnel_turn(target: TargetInfo, ssh: LocalSsh, size: int) -> float:
     argv = ["sh", "-c", f"yes {PRINTABLE_LINE} | head -c {size}"]
     with target.tunnel(ssh) as tunnel:
         return _follow_turn(tunnel.client, argv, size)
+
+
+def _window_turn(target: TargetInfo, ssh: LocalSsh, window: int, size: int) -> float:
+    """``_follow_turn`` through a tunnel built by hand from agent_side's parts, so that the
+    channel window (which ``Target.ssh`` does not take) can be chosen."""
+    options = SshOptions(
+        identity_files=(str(ssh.key),), known_hosts=(str(ssh.known_hosts),), ssh_config=None,
+        use_agent=False, window_size=window,
+    )
+    connection = SshConnection(resolve(Destination.parse(ssh.destination), options), options)
+    connection.connect()
+    argv = ["sh", "-c", f"yes {PRINTABLE_LINE} | head -c {size}"]
+    try:
+        with TargetClient(target.url, target.token, transport=SshTransport(connection)) as client:
+            return _follow_turn(client, argv, size)
+    finally:
+        connection.close()
 
 
 def _read_all(
@@ -145,14 +184,17 @@ def _follow_turn(client: TargetClient, argv: list[str], size: int) -> float:
     client.health()  # the connection is up before the clock starts
     started = time.perf_counter()
     turn = client.submit(TurnRequest(role=ROLE, argv=argv))
-    got, status = 0, None
+    got, last, stderr = 0, None, ""
     for event in client.follow(turn.turn_id):
+        last = event
         if isinstance(event, OutputEvent) and event.kind == "stdout":
             got += len(output_bytes(event))
-        elif isinstance(event, ExitEvent):
-            status = event.exit_code
+        elif isinstance(event, OutputEvent):
+            stderr = (stderr + (event.data or ""))[-STDERR_SHOWN:]
     seconds = time.perf_counter() - started
-    _check(f"turn {turn.turn_id}", status, got, size)
+    if not isinstance(last, ExitEvent) or last.exit_code != 0:
+        raise TurnFailed(turn_end(turn.turn_id, last, stderr))
+    _check(f"turn {turn.turn_id}", last.exit_code, got, size)
     return seconds
 
 
@@ -183,8 +225,8 @@ def _table(rows: list[Row], size: int, label: str) -> str:
             ratio(row.rate, base), ratio(row.rate, ssh), row.note,
         ])
     title = (
-        f"2. Stream throughput (N = {size / MIB:g} MiB{label}; 'x pipe' / 'x ssh' = row MiB/s\n"
-        "   / pipe's / ssh's MiB/s; pipe: best of 3 runs; others: one run; paddock rows:\n"
-        "   submit to exit event, against separate target processes)"
+        f"2. Stream throughput (N = {size / MIB:g} MiB{label}; 'x pipe', 'x ssh' = row MiB/s\n"
+        "   over the pipe's, over ssh's; pipe: best of 3 runs, others one run; paddock\n"
+        "   rows: submit to exit event, against separate target processes)"
     )
     return render_table(title, ["row", "MiB", "s", "MiB/s", "x pipe", "x ssh", "note"], out)

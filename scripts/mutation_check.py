@@ -159,6 +159,13 @@ MUTATIONS = (
         ("tests/test_resume.py", "tests/test_turns.py -k resume"),
     ),
     Mutation(
+        "ignored-signals-inherited",
+        "target_side/launch.py",
+        "        *signal_reset_prefix(),\n",
+        "",
+        ("tests/test_turns.py::test_turn_signal_works_even_if_the_server_ignores_it",),
+    ),
+    Mutation(
         "setup-failure-as-exit-1",
         "target_side/runner.py",
         "        if self._status.exit_code is None:\n            # bwrap itself failed",

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import posixpath
 import shutil
+import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -60,9 +62,27 @@ def find_bwrap() -> str:
     return found
 
 
+@functools.cache
+def signal_reset_prefix() -> tuple[str, ...]:
+    """A prefix that starts bwrap with every signal at its default action, where ``env`` can.
+
+    Ignored signals survive exec: a server started with SIGINT ignored (a
+    background job, some supervisors) would hand that to every turn, and a
+    forwarded Ctrl-C would reach processes deaf to it.
+    """
+    env = shutil.which("env", path=TRUSTED_BIN_PATH)
+    if env is None:
+        return ()
+    probe = subprocess.run(
+        [env, "--default-signal", "true"], capture_output=True, env=BWRAP_ENV, check=False
+    )
+    return (env, "--default-signal", "--") if probe.returncode == 0 else ()
+
+
 def bwrap_argv(bwrap: str, plan: FencePlan, fds: LaunchFds) -> list[str]:
     """The full argv: namespaces and identity, then mounts in an order where later ones win."""
     return [
+        *signal_reset_prefix(),
         bwrap,
         *_namespaces(plan),
         "--json-status-fd",

@@ -184,3 +184,19 @@ def test_keep_scratch_keeps_it(client: httpx.Client, target: Target) -> None:
     turn, _ = run(client, ["sh", "-c", "echo kept > /tmp/kept"], keep_scratch=True)
     scratch = target.settings.state_root / "scratch" / turn.turn_id
     assert (scratch / "tmp" / "kept").read_text() == "kept\n"
+
+
+def test_turn_signal_works_even_if_the_server_ignores_it(client: httpx.Client) -> None:
+    """Ignored signals survive exec: a server started as a background job must not pass that on."""
+    import signal
+
+    marker = "319.25"
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        turn = submit(client, argv=["sh", "-c", f"sleep {marker}"])
+        assert wait_until(lambda: bool(processes_with("sleep", marker)))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    client.post(f"/v1/turns/{turn.turn_id}/signal", json={"signal": "INT"})
+    done = finished(client, turn.turn_id)
+    assert done.exit_code == 128 + signal.SIGINT

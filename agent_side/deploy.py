@@ -1,0 +1,662 @@
+"""``paddock deploy USER@HOST``: install or upgrade a target over SSH, then remember it.
+
+    the wheel: --wheel, or built from this checkout (a copy of it, so nothing is left here)
+    one verified SSH connection (agent_side.ssh): host key checked, nothing added to known_hosts
+    mktemp -d on the target; SFTP the wheel, deploy/paddock-deploy (and a --wheelhouse)
+    python3 DIR/paddock-deploy --json ...   without a pty, as root (else through sudo -n)
+    each step shown as it arrives; on success the target is stored (agent_side.targets_file)
+    rm -rf DIR on the target, whatever happened
+
+Exit status: the script's own (0 deployed or already up to date, 1 failed and
+rolled back, 2 refused before changing anything, 3 rollback incomplete), and
+125 when paddock itself failed: the build, SSH, SFTP, or the script's output.
+deploy/README.md describes the script and its JSON lines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fnmatch
+import ipaddress
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+import paramiko
+
+from agent_side import targets_file
+from agent_side.errors import AgentError, SshFailure, SshUnreachable, UsageError
+from agent_side.ssh import (
+    Destination,
+    Endpoint,
+    PassphraseSource,
+    SshConnection,
+    SshOptions,
+    resolve,
+)
+from agent_side.targets_file import StoredTarget
+from agent_side.views import say, visible
+from shared.exit_status import ExitStatus
+
+SCRIPT_NAME = "paddock-deploy"
+WHEEL_NAME = re.compile(r"paddock-[^-/]+(-[^-/]+)?-[^-/]+-[^-/]+-[^-/]+\.whl")
+"""The script reads the version from the wheel's file name, so it must be pip's own."""
+REMOTE_TEMPLATE = "paddock-deploy.XXXXXXXXXX"
+SCRIPT_STATUSES = (0, 1, 2, 3)
+EXEC_TIMEOUT_S = 60.0
+"""Bounds the short helper commands (mktemp, rm); the deploy itself is bounded by the script."""
+STATUS_WAIT_S = 30.0
+"""How long to wait for the script's exit status once its output has ended."""
+BUILD_TIMEOUT_S = 600.0
+INTERRUPTED = 130
+
+
+class DeployFailed(AgentError):
+    """paddock could not carry the deploy out (build, upload, or the script's output)."""
+
+    label = "deploy failed"
+
+
+@dataclass(frozen=True)
+class DeployRequest:
+    """What ``paddock deploy`` was asked to do, checked as far as it can be without the host."""
+
+    destination: str
+    roles: tuple[str, ...] = ()
+    identity_files: tuple[str, ...] = ()
+    known_hosts: tuple[str, ...] = ()
+    script_options: tuple[str, ...] = ()
+    """Options handed to paddock-deploy as they are (--listen, --prefix, ...)."""
+    name: str | None = None
+    route: str = "ssh"
+    url: str | None = None
+    """With route "https": the listener as seen from here, when it cannot be worked out."""
+    wheel: Path | None = None
+    wheelhouse: Path | None = None
+    script: Path | None = None
+    python: str = "python3"
+    """The target's interpreter for the script; the release's environment is made from it."""
+    as_json: bool = False
+
+
+# -- the wheel and the script ---------------------------------------------------------------
+
+
+def source_root() -> Path | None:
+    """The checkout this paddock runs from, when it runs from one (else None)."""
+    import agent_side
+
+    root = Path(agent_side.__file__).resolve().parent.parent
+    try:
+        project = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+    return root if project.get("project", {}).get("name") == "paddock" else None
+
+
+def deploy_script(given: Path | None) -> Path:
+    """``--script``, else ``deploy/paddock-deploy`` of the checkout."""
+    if given is not None:
+        if not given.is_file():
+            raise UsageError(f"--script {given}: no such file")
+        return given
+    root = source_root()
+    if root is None or not (root / "deploy" / SCRIPT_NAME).is_file():
+        raise UsageError(
+            f"this paddock is not run from a checkout, so {SCRIPT_NAME} is not at hand: "
+            f"give --script PATH/deploy/{SCRIPT_NAME} and --wheel PATH"
+        )
+    return root / "deploy" / SCRIPT_NAME
+
+
+def checked_wheel(path: Path) -> Path:
+    if not path.is_file():
+        raise UsageError(f"--wheel {path}: no such file")
+    if not WHEEL_NAME.fullmatch(path.name):
+        raise UsageError(
+            f"--wheel {path.name} is not a paddock wheel's file name; keep the name "
+            "pip wheel gave it (the deploy script reads the version from it)"
+        )
+    return path
+
+
+def build_wheel(source: Path, out: Path) -> Path:
+    """Build the paddock wheel of ``source`` into ``out``, from a copy of the tree.
+
+    In place, setuptools would leave build/ and *.egg-info in the checkout, and
+    could package stale files it finds in an old build/.
+    """
+    with tempfile.TemporaryDirectory(prefix="paddock-src-") as tree:
+        copy_source(source, Path(tree))
+        argv = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), tree]
+        try:
+            proc = subprocess.run(
+                argv, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise DeployFailed(f"building the wheel took over {BUILD_TIMEOUT_S:g} s") from exc
+    if proc.returncode != 0:
+        said = (proc.stderr or proc.stdout).strip()[-2000:]
+        raise DeployFailed(f"pip wheel {source} failed (status {proc.returncode}): {said}")
+    built = sorted(p for p in out.glob("paddock-*.whl") if WHEEL_NAME.fullmatch(p.name))
+    if len(built) != 1:
+        raise DeployFailed(f"pip wheel made {len(built)} paddock wheels in {out}, not one")
+    return built[0]
+
+
+def copy_source(source: Path, tree: Path) -> None:
+    """What building the wheel reads: pyproject.toml, the readme and licence, the packages."""
+    project = tomllib.loads((source / "pyproject.toml").read_text(encoding="utf-8"))
+    names = {"pyproject.toml", *_readme(project)}
+    names |= {p.name for p in source.iterdir() if p.name.startswith(("LICENSE", "COPYING"))}
+    for name in names:
+        if (source / name).is_file():
+            shutil.copy2(source / name, tree / name)
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    for package in _packages(source, project):
+        shutil.copytree(source / package, tree / package, ignore=skip)
+
+
+def _readme(project: Mapping[str, Any]) -> list[str]:
+    readme = project.get("project", {}).get("readme")
+    if isinstance(readme, dict):
+        readme = readme.get("file")
+    return [readme] if isinstance(readme, str) else []
+
+
+def _packages(source: Path, project: Mapping[str, Any]) -> list[str]:
+    """Top-level package directories, chosen the way setuptools' ``packages.find`` does."""
+    found = project.get("tool", {}).get("setuptools", {}).get("packages", {}).get("find", {})
+    patterns = found.get("include") or ["*"]
+    return sorted(
+        p.name
+        for p in source.iterdir()
+        if p.is_dir()
+        and (p / "__init__.py").is_file()
+        and any(fnmatch.fnmatchcase(p.name, pattern) for pattern in patterns)
+    )
+
+
+# -- the SSH side ---------------------------------------------------------------------------
+
+
+class _Connection(SshConnection):
+    """The verified connection, also carrying sessions: SFTP and commands."""
+
+    def session_transport(self) -> paramiko.Transport:
+        return self._transport()
+
+
+def _exec(transport: paramiko.Transport, command: str) -> tuple[int, str, str]:
+    """Run a short command (no pty); its status, stdout and stderr."""
+    channel = transport.open_session(timeout=EXEC_TIMEOUT_S)
+    try:
+        channel.settimeout(EXEC_TIMEOUT_S)
+        channel.exec_command(command)
+        channel.shutdown_write()
+        out = channel.makefile("rb").read()
+        err = channel.makefile_stderr("rb").read()
+        channel.status_event.wait(EXEC_TIMEOUT_S)
+        return channel.exit_status, out.decode(errors="replace"), err.decode(errors="replace")
+    finally:
+        channel.close()
+
+
+@dataclass(frozen=True)
+class _RemoteDir:
+    path: str
+    sudo: tuple[str, ...]
+    """``sudo -n`` when the login is not root: the script must run as root."""
+
+
+def _make_remote_dir(transport: paramiko.Transport) -> _RemoteDir:
+    template = shlex.quote(REMOTE_TEMPLATE)
+    command = f'id -u && mktemp -d "${{TMPDIR:-/tmp}}"/{template}'
+    status, out, err = _exec(transport, command)
+    # The last two lines: a login shell's rc files may print before the command runs.
+    lines = out.splitlines()[-2:]
+    if status != 0 or len(lines) != 2 or not lines[0].isdigit() or not lines[1].startswith("/"):
+        raise SshFailure(f"could not make a private directory on the target: {err.strip() or out}")
+    return _RemoteDir(lines[1], () if lines[0] == "0" else ("sudo", "-n"))
+
+
+def _upload(
+    transport: paramiko.Transport,
+    remote: _RemoteDir,
+    files: Sequence[Path],
+    wheelhouse: Path | None,
+) -> None:
+    try:
+        sftp = paramiko.SFTPClient.from_transport(transport)
+    except (paramiko.SSHException, EOFError) as exc:
+        raise SshFailure(
+            f"the SSH server offers no SFTP ({exc}); enable it in its sshd_config "
+            "(Subsystem sftp internal-sftp)"
+        ) from exc
+    if sftp is None:
+        raise SshFailure("the SSH server refused an SFTP session")
+    try:
+        with sftp:
+            for path in files:
+                sftp.put(str(path), f"{remote.path}/{path.name}")
+            if wheelhouse is not None:
+                sftp.mkdir(f"{remote.path}/wheelhouse", 0o700)
+                for path in sorted(wheelhouse.iterdir()):
+                    if path.is_file():
+                        sftp.put(str(path), f"{remote.path}/wheelhouse/{path.name}")
+    except (OSError, paramiko.SSHException, EOFError) as exc:
+        raise SshFailure(f"uploading to {remote.path} on the target failed: {exc}") from exc
+
+
+def _remove_remote_dir(connection: _Connection, remote: _RemoteDir) -> None:
+    """Remove the uploaded files; reconnects if the link dropped (only this is ever retried)."""
+    try:
+        status, _, err = _exec(
+            connection.session_transport(), f"rm -rf -- {shlex.quote(remote.path)}"
+        )
+    except (AgentError, OSError, paramiko.SSHException, EOFError) as exc:
+        say(f"warning: could not remove {remote.path} on the target ({exc}); remove it by hand")
+        return
+    if status != 0:
+        say(f"warning: could not remove {remote.path} on the target: {err.strip()}")
+
+
+# -- running the script ---------------------------------------------------------------------
+
+
+@dataclass
+class _Outcome:
+    """What the script said: its exit status (None if the link dropped) and its result."""
+
+    status: int | None = None
+    result: dict[str, Any] | None = None
+    garbled: list[str] = field(default_factory=list)
+
+
+class _Progress:
+    """Shows the script's JSON lines as they come: as steps for a person, or passed through."""
+
+    def __init__(self, as_json: bool, out: IO[str]) -> None:
+        self._as_json = as_json
+        self._out = out
+        self.outcome = _Outcome()
+
+    def line(self, raw: bytes) -> None:
+        text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+        if not text.strip():
+            return
+        try:
+            event = json.loads(text)
+        except json.JSONDecodeError:
+            event = None
+        if not isinstance(event, dict) or not isinstance(event.get("event"), str):
+            self.outcome.garbled.append(text)
+            say(f"target: {text}")
+            return
+        if self._as_json:
+            self._write(json.dumps(event))
+        else:
+            self._show(event)
+        if event["event"] == "result":
+            self.outcome.result = event
+
+    def _show(self, event: Mapping[str, Any]) -> None:
+        kind, detail = event["event"], event.get("detail", "")
+        if kind == "step":
+            failed = "FAILED: " if event.get("status") == "failed" else ""
+            where = f"[{event.get('index')}/{event.get('total')}] {event.get('step')}"
+            self._write(f"{where}: {failed}{detail}")
+        elif kind == "note":
+            self._write(f"  {detail}")
+        elif kind == "rollback":
+            self._write(f"  rollback: {detail}")
+
+    def _write(self, text: str) -> None:
+        # Everything shown came from the target: it must not be able to drive the terminal.
+        self._out.write(visible(text) + "\n")
+        self._out.flush()
+
+
+def _script_argv(remote: _RemoteDir, wheel: Path, request: DeployRequest) -> list[str]:
+    argv = [
+        *remote.sudo,
+        request.python,
+        f"{remote.path}/{SCRIPT_NAME}",
+        "--wheel",
+        f"{remote.path}/{wheel.name}",
+        "--json",
+    ]
+    argv += [arg for role in request.roles for arg in ("--role", role)]
+    if request.wheelhouse is not None:
+        argv += ["--find-links", f"{remote.path}/wheelhouse", "--no-index"]
+    return argv + list(request.script_options)
+
+
+def _run_script(transport: paramiko.Transport, argv: Sequence[str], progress: _Progress) -> None:
+    """Run the script without a pty (a lost link shows up there as a failed write: it rolls
+    back), relaying stderr as it comes and handing each stdout line to ``progress``."""
+    channel = transport.open_session(timeout=EXEC_TIMEOUT_S)
+    try:
+        channel.exec_command(shlex.join(argv))
+        channel.shutdown_write()
+        relay = threading.Thread(target=_relay_stderr, args=(channel,), daemon=True)
+        relay.start()
+        for raw in channel.makefile("rb"):
+            progress.line(raw)
+        channel.status_event.wait(STATUS_WAIT_S)
+        relay.join(STATUS_WAIT_S)
+        status = channel.exit_status
+        progress.outcome.status = status if status >= 0 else None
+    finally:
+        channel.close()
+
+
+def _relay_stderr(channel: paramiko.Channel) -> None:
+    with contextlib.suppress(OSError, paramiko.SSHException, EOFError, ValueError):
+        for raw in channel.makefile_stderr("rb"):
+            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            if line.strip():
+                say(f"target: {line}")
+
+
+# -- the whole command ----------------------------------------------------------------------
+
+
+def deploy(
+    request: DeployRequest, environ: Mapping[str, str], passphrase: PassphraseSource | None
+) -> int:
+    """Carry out ``request``; returns the exit status of ``paddock deploy``."""
+    options = SshOptions(
+        identity_files=request.identity_files,
+        known_hosts=request.known_hosts,
+        passphrase=passphrase,
+    )
+    destination = Destination.parse(request.destination)
+    endpoint = resolve(destination, options)
+    name = targets_file.checked_name(request.name or destination.host)
+    script = deploy_script(request.script)
+    wheel = checked_wheel(request.wheel) if request.wheel is not None else None
+    if request.wheelhouse is not None and not request.wheelhouse.is_dir():
+        raise UsageError(f"--wheelhouse {request.wheelhouse}: no such directory")
+    if request.route == "https":
+        request = _with_direct_name(request, endpoint)
+    progress = _Progress(request.as_json, sys.stdout)
+    try:
+        with tempfile.TemporaryDirectory(prefix="paddock-wheel-") as scratch:
+            wheel = wheel or _build_here(Path(scratch), request.as_json)
+            connection = _Connection(endpoint, options)
+            try:
+                connection.connect()
+                _deploy_over(connection, wheel, script, request, progress)
+            finally:
+                connection.close()
+    except KeyboardInterrupt:
+        # Closing the session makes the script's next progress line fail: it rolls back.
+        say("interrupted: the target rolls back this deploy when it next reports progress")
+        return INTERRUPTED
+    return _finish(progress.outcome, request, endpoint, name, environ)
+
+
+def _with_direct_name(request: DeployRequest, endpoint: Endpoint) -> DeployRequest:
+    """A direct route reaches the server by a name its certificate must hold: ask for it.
+
+    (The script puts it in a certificate it makes; one that exists is kept as it is.)
+    """
+    try:
+        host = httpx.URL(request.url).host if request.url else endpoint.hostname
+    except httpx.InvalidURL as exc:
+        raise UsageError(f"--url {request.url!r} is not a URL: {exc}") from exc
+    if not host:
+        raise UsageError(f"--url {request.url!r} names no host")
+    return replace(request, script_options=(*request.script_options, "--tls-host", host))
+
+
+def _build_here(scratch: Path, quiet: bool) -> Path:
+    root = source_root()
+    if root is None:
+        raise UsageError("this paddock is not run from a checkout: give --wheel PATH")
+    if not quiet:
+        print(f"building the paddock wheel from {root}", flush=True)
+    return build_wheel(root, scratch)
+
+
+def _deploy_over(
+    connection: _Connection,
+    wheel: Path,
+    script: Path,
+    request: DeployRequest,
+    progress: _Progress,
+) -> None:
+    transport = connection.session_transport()
+    try:
+        remote = _make_remote_dir(transport)
+    except (OSError, paramiko.SSHException, EOFError) as exc:
+        raise SshUnreachable(f"running a command on {connection.endpoint} failed: {exc}") from exc
+    try:
+        _upload(transport, remote, [wheel, script], request.wheelhouse)
+        try:
+            _run_script(transport, _script_argv(remote, wheel, request), progress)
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            # The result may have arrived before the session ended: _finish decides on it.
+            say(f"the deploy session ended early: {exc}")
+    finally:
+        _remove_remote_dir(connection, remote)
+
+
+def _finish(
+    outcome: _Outcome,
+    request: DeployRequest,
+    endpoint: Endpoint,
+    name: str,
+    environ: Mapping[str, str],
+) -> int:
+    result = outcome.result
+    if result is None:
+        return _no_result(outcome)
+    if not result.get("ok"):
+        return _failed(result, outcome.status)
+    try:
+        entry = stored_entry(request, result, endpoint, name)
+        saved = targets_file.save(
+            entry,
+            tokens=_tokens(result),
+            ca_pem=result.get("ca_pem"),
+            environ=environ,
+        )
+    except (AgentError, OSError) as exc:
+        return _not_saved(result, exc, request.as_json)
+    _report(result, saved, request.as_json)
+    return 0
+
+
+def _no_result(outcome: _Outcome) -> int:
+    if outcome.status is None:
+        say(
+            "the connection to the target dropped before the deploy's result arrived; "
+            "the script rolls back when it cannot deliver it. Re-run paddock deploy"
+        )
+        return int(ExitStatus.PADDOCK_FAILED)
+    say(
+        f"paddock-deploy ended with status {outcome.status} and no result "
+        "(anything it said on stderr is above, as 'target:')"
+    )
+    # 2 is argparse refusing its arguments: nothing was changed, as the script's own 2 says.
+    return 2 if outcome.status == 2 else int(ExitStatus.PADDOCK_FAILED)
+
+
+def _failed(result: Mapping[str, Any], status: int | None) -> int:
+    step = result.get("failed_step")
+    error = visible(str(result.get("error")))
+    summary = visible(str(result.get("summary")))
+    where = f"at step {step}" if step else "before any step"
+    if result.get("rollback_problems"):
+        say(f"DEPLOY FAILED {where} AND ITS ROLLBACK IS INCOMPLETE: {error}")
+        say(f"the target host needs a look: {summary}")
+    else:
+        say(f"deploy failed {where}: {error}")
+        say(summary)
+    if status in SCRIPT_STATUSES and status != 0:
+        return int(status)
+    # No status (the link dropped after the result): the result says which one it was.
+    if result.get("rollback_problems"):
+        return 3
+    return 1 if result.get("rolled_back") else 2
+
+
+def _tokens(result: Mapping[str, Any]) -> dict[str, str]:
+    tokens = result.get("tokens") or {}
+    if not isinstance(tokens, dict) or not all(isinstance(t, str) for t in tokens.values()):
+        raise DeployFailed("the deploy result's tokens are not a map of role to token")
+    return tokens
+
+
+def stored_entry(
+    request: DeployRequest, result: Mapping[str, Any], endpoint: Endpoint, name: str
+) -> StoredTarget:
+    """The entry a successful deploy leaves for ``paddock run -t NAME``."""
+    listener = str(result.get("url") or "")
+    if not listener.startswith(("https://", "http://")):
+        raise DeployFailed(f"the deploy result names no usable URL ({listener!r})")
+    route = request.route
+    url = listener if route == "ssh" else request.url or direct_url(result, endpoint)
+    return StoredTarget(
+        name=name,
+        route=route,
+        url=url,
+        ssh=request.destination,
+        # Only what was given: ~/.ssh/config and the defaults are read again at each run.
+        identity_files=_absolute(request.identity_files),
+        known_hosts=_absolute(request.known_hosts),
+        ca_sha256=result.get("ca_sha256") if result.get("ca_pem") else None,
+        cert_sha256=result.get("cert_sha256"),
+        default_role=request.roles[0] if request.roles else None,
+        release=result.get("release"),
+        deployed_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    )
+
+
+def _absolute(paths: Sequence[str]) -> tuple[str, ...]:
+    """Paths made absolute, so the stored entry works from any directory."""
+    return tuple(os.path.abspath(os.path.expanduser(p)) for p in paths)
+
+
+def direct_url(result: Mapping[str, Any], endpoint: Endpoint) -> str:
+    """The listener's URL as seen from here, for the "https" route.
+
+    A wildcard listener is reached at the SSH host's address; a loopback one
+    only when that address is loopback too (the target is this machine).
+    """
+    host, _, port = str(result.get("listen", "")).rpartition(":")
+    host = host.strip("[]")
+    if host in ("", "0.0.0.0", "::"):  # noqa: S104 - a listen address, not one we bind
+        host = endpoint.hostname
+    elif _loopback(host) and not _loopback(endpoint.hostname):
+        raise UsageError(
+            f"the target listens on {host} only, which is not reachable from here; "
+            "keep the SSH route (--route ssh), or deploy with --listen 0.0.0.0:PORT, "
+            "or give --url"
+        )
+    shown = f"[{host}]" if ":" in host else host
+    return f"https://{shown}:{port}"
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _report(result: Mapping[str, Any], saved: targets_file.Saved, as_json: bool) -> None:
+    entry = saved.entry
+    if as_json:
+        stored = {
+            "event": "target",
+            "name": entry.name,
+            "file": str(saved.index),
+            "route": entry.route,
+            "url": entry.url,
+            "ssh": entry.ssh,
+            "token_files": {role: str(path) for role, path in saved.new_token_files.items()},
+        }
+        print(json.dumps(stored), flush=True)
+        return
+    for line in summary_lines(result, saved):
+        print(visible(line), flush=True)
+
+
+def summary_lines(result: Mapping[str, Any], saved: targets_file.Saved) -> list[str]:
+    """The closing lines for a person; tokens appear only as the files that hold them."""
+    entry = saved.entry
+    health = result.get("health") or {}
+    service = result.get("service") or {}
+    previous = result.get("previous_release")
+    was = f" (was {previous})" if previous and previous != result.get("release") else ""
+    done = "deployed" if result.get("changed") else "unchanged (nothing to do)"
+    lines = [
+        f"paddock target {done}: release {result.get('release')}{was}",
+        f"  url:      {result.get('url')} (on the target)",
+        f"  health:   {health.get('status')}",
+        f"  service:  {service.get('mode')}, server pid {service.get('pid')}",
+    ]
+    if entry.ca_sha256:
+        lines.append(f"  CA:       SHA-256 {entry.ca_sha256}, pinned in {entry.ca_file}")
+    else:
+        lines.append(f"  certificate (operator's): SHA-256 {result.get('cert_sha256')}")
+    for role, path in saved.new_token_files.items():
+        lines.append(f"  token for role {role}: saved to {path} (0600; shown nowhere else)")
+    for role in saved.dropped_roles:
+        lines.append(f"  dropped the token stored for role {role}: it was for another install")
+    if not saved.new_token_files and not entry.tokens:
+        lines.append(
+            "  no token stored: its roles existed before (their tokens were shown then); "
+            "use --token-file F, or deploy a new --role"
+        )
+    via = f"via {entry.ssh}" if entry.route == "ssh" else "direct"
+    lines.append(f"stored as target {entry.name} ({entry.route} {via}) in {saved.index}")
+    lines.append(f"next: paddock run -t {entry.name} -- CMD")
+    return lines
+
+
+def _not_saved(result: Mapping[str, Any], exc: BaseException, as_json: bool) -> int:
+    say(f"the deploy succeeded, but the target could not be stored: {exc}")
+    tokens = result.get("tokens") or {}
+    if tokens and not as_json:  # with --json they were in the result line already
+        # The target keeps only their hashes: shown now, or lost for good.
+        say("the new tokens exist nowhere else; they are shown once, on stdout:")
+        for role, token in tokens.items():
+            print(f"token for role {visible(str(role))}: {visible(str(token))}", flush=True)
+    return int(ExitStatus.PADDOCK_FAILED)
+
+
+SCRIPT_PATH_OPTIONS = ("--prefix", "--state-root", "--config-dir", "--workspace")
+"""Options whose value the script requires to be an absolute path on the target."""
+
+
+def script_options(pairs: Sequence[tuple[str, str | None]], fail_at: str | None) -> tuple[str, ...]:
+    """The pass-through options, in the script's syntax; paths checked absolute here."""
+    options: list[str] = []
+    for flag, value in pairs:
+        if value is None:
+            continue
+        if flag in SCRIPT_PATH_OPTIONS and not value.startswith("/"):
+            raise UsageError(f"{flag} {value!r}: give an absolute path on the target")
+        options += [flag, value]
+    if fail_at is not None:
+        options += ["--fail-at", fail_at]
+    return tuple(options)
