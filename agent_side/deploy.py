@@ -193,13 +193,6 @@ def _packages(source: Path, project: Mapping[str, Any]) -> list[str]:
 # -- the SSH side ---------------------------------------------------------------------------
 
 
-class _Connection(SshConnection):
-    """The verified connection, also carrying sessions: SFTP and commands."""
-
-    def session_transport(self) -> paramiko.Transport:
-        return self._transport()
-
-
 def _exec(transport: paramiko.Transport, command: str) -> tuple[int, str, str]:
     """Run a short command (no pty); its status, stdout and stderr."""
     channel = transport.open_session(timeout=EXEC_TIMEOUT_S)
@@ -261,11 +254,11 @@ def _upload(
         raise SshFailure(f"uploading to {remote.path} on the target failed: {exc}") from exc
 
 
-def _remove_remote_dir(connection: _Connection, remote: _RemoteDir) -> None:
+def _remove_remote_dir(connection: SshConnection, remote: _RemoteDir) -> None:
     """Remove the uploaded files; reconnects if the link dropped (only this is ever retried)."""
     try:
         status, _, err = _exec(
-            connection.session_transport(), f"rm -rf -- {shlex.quote(remote.path)}"
+            connection.transport(), f"rm -rf -- {shlex.quote(remote.path)}"
         )
     except (AgentError, OSError, paramiko.SSHException, EOFError) as exc:
         say(f"warning: could not remove {remote.path} on the target ({exc}); remove it by hand")
@@ -397,7 +390,7 @@ def deploy(
     try:
         with tempfile.TemporaryDirectory(prefix="paddock-wheel-") as scratch:
             wheel = wheel or _build_here(Path(scratch), request.as_json)
-            connection = _Connection(endpoint, options)
+            connection = SshConnection(endpoint, options)
             try:
                 connection.connect()
                 _deploy_over(connection, wheel, script, request, progress)
@@ -434,13 +427,13 @@ def _build_here(scratch: Path, quiet: bool) -> Path:
 
 
 def _deploy_over(
-    connection: _Connection,
+    connection: SshConnection,
     wheel: Path,
     script: Path,
     request: DeployRequest,
     progress: _Progress,
 ) -> None:
-    transport = connection.session_transport()
+    transport = connection.transport()
     try:
         remote = _make_remote_dir(transport)
     except (OSError, paramiko.SSHException, EOFError) as exc:

@@ -470,6 +470,10 @@ class SshConnection:
                 f"could not open a channel through {self.endpoint} ({exc or type(exc).__name__})"
             ) from exc
 
+    def transport(self) -> paramiko.Transport:
+        """The live, verified transport (reconnecting if it died), for sessions such as SFTP."""
+        return self._transport()
+
     def _transport(self) -> paramiko.Transport:
         with self._lock:
             if self._closed:

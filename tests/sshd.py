@@ -102,6 +102,7 @@ class Sshd:
                 "X11Forwarding no",
                 "PrintMotd no",
                 "LogLevel VERBOSE",
+                "Subsystem sftp internal-sftp",  # in-process: no sftp-server binary needed
                 "",
             ]
         )

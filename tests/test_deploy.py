@@ -831,3 +831,27 @@ def _fingerprint(pem: str) -> str:
 
     der = ssl.PEM_cert_to_DER_cert(pem)
     return hashlib.sha256(der).digest().hex(":").upper()
+
+
+def test_deploy_refuses_an_interpreter_the_service_user_cannot_reach() -> None:
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.SourceFileLoader("paddock_deploy_script", str(DEPLOY))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    # dataclasses look their module up by name while the script loads
+    sys.modules[loader.name] = module
+    try:
+        loader.exec_module(module)
+    finally:
+        del sys.modules[loader.name]
+    # Directly under /tmp, so the private directory is the only one others cannot enter.
+    private = Path(tempfile.mkdtemp(prefix="paddock-hidden-", dir="/tmp"))
+    try:
+        (private / "python3").write_text("")
+        assert module.interpreter_hidden_from_others(private / "python3") == private
+        assert module.interpreter_hidden_from_others(Path("/usr/bin/python3")) is None
+    finally:
+        shutil.rmtree(private)

@@ -330,13 +330,6 @@ class Host:
         return entry
 
 
-class SftpSshd(Sshd):
-    """The test sshd, also serving SFTP (in-process: no sftp-server binary needed)."""
-
-    def config_text(self) -> str:
-        return super().config_text() + "Subsystem sftp internal-sftp\n"
-
-
 def _uploads() -> set[str]:
     return {p.name for p in Path("/tmp").glob("paddock-deploy.*")}
 
@@ -347,7 +340,7 @@ def host(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hos
     base = Path(tempfile.mkdtemp(prefix="pdk-deploy-ssh-", dir="/tmp"))
     os.chmod(base, 0o755)
     home = tmp_path_factory.mktemp("agent-home")
-    with SftpSshd(tmp_path_factory.mktemp("deploy-sshd")) as sshd:
+    with Sshd(tmp_path_factory.mktemp("deploy-sshd")) as sshd:
         known = sshd.write_known_hosts(tmp_path_factory.mktemp("known") / "known_hosts")
         target = Host(base, f"pdk{secrets.token_hex(3)[:5]}", free_port(), sshd, known, home,
                       built)
