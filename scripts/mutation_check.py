@@ -166,6 +166,13 @@ MUTATIONS = (
         ("tests/test_turns.py::test_turn_signal_works_even_if_the_server_ignores_it",),
     ),
     Mutation(
+        "unlinked-source-reported-as-backend-failure",
+        "target_side/runner.py",
+        """ or "Can't find source path /proc/self/fd/" in last""",
+        "",
+        ("tests/test_held_paths.py -k unlinked",),
+    ),
+    Mutation(
         "setup-failure-as-exit-1",
         "target_side/runner.py",
         "        if self._status.exit_code is None:\n            # bwrap itself failed",

@@ -123,7 +123,7 @@ def _hold_or_refuse(path: str, identity: tuple[int, int] | None, subject: str) -
     try:
         return hold(path, identity)
     except PathChanged as exc:
-        raise refusals.path_changed(subject, path, path) from exc
+        raise refusals.path_changed(subject, path, path, str(exc)) from exc
 
 
 def hold_executable(plan: FencePlan) -> int:
@@ -136,7 +136,7 @@ def hold_executable(plan: FencePlan) -> int:
     try:
         fd = hold(exe.path, (exe.dev, exe.ino))
     except PathChanged as exc:
-        raise refusals.path_changed("argv[0]", plan.argv[0], exe.path) from exc
+        raise refusals.path_changed("argv[0]", plan.argv[0], exe.path, str(exc)) from exc
     st = os.fstat(fd)
     problem = _unrunnable(st)
     if problem is not None:

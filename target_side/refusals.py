@@ -134,14 +134,18 @@ def backend_unavailable(detail: str) -> RefusedError:
     return _refused("backend-unavailable", "fence", None, None, detail)
 
 
-def path_changed(subject: str, given: str, resolved: str) -> RefusedError:
+def path_changed(
+    subject: str, given: str | None, resolved: str | None, seen: str | None = None
+) -> RefusedError:
+    what = resolved or "a mounted path"
+    how = seen or "a component became a symlink or was replaced"
     return _refused(
         "path-changed",
         subject,
         given,
         resolved,
-        f"{resolved} changed between the check and the mount (a component became a symlink "
-        "or was replaced); retry, and find out what is rewriting it",
+        f"{what} changed between the check and the mount ({how}); "
+        "retry, and find out what is rewriting it",
     )
 
 

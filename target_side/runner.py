@@ -212,9 +212,13 @@ class RunningTurn:
         if "execvp" in last:
             why = f"could not be executed in the fence ({last})"
             return refusals.not_executable("argv[0]", "", why).refusal
-        if "Race condition binding dirfd" in last:
-            # bubblewrap saw a held mount source replaced between resolving and mounting it.
-            return refusals.path_changed("fence", "", "").refusal
+        if (
+            "Race condition binding dirfd" in last
+            or "Can't find source path /proc/self/fd/" in last
+        ):
+            # A held source was replaced or unlinked (a package upgrade, useradd rewriting
+            # /etc/passwd) between bwrap resolving its descriptor and mounting it.
+            return refusals.path_changed("fence", None, None, f"bubblewrap: {last}").refusal
         why = f"bubblewrap could not set up the fence: {last}"
         return refusals.backend_unavailable(why).refusal
 
@@ -281,6 +285,10 @@ class RunningTurn:
         try:
             if self._gate.limits is not None:
                 self._gate.limits.place(sandbox_pid)
+        except ProcessLookupError:
+            # The fence died while setting up: its own failure says why, not the limits.
+            self._close_gate()
+            return
         except (OSError, ValueError) as exc:
             self._limit_failure = f"the turn's limits could not be applied; it did not run: {exc}"
             self.kill()

@@ -280,3 +280,27 @@ def test_group_writable_executable_is_refused(settings: Settings, root: Path) ->
     tool = _tool(root / "ws", "writable")
     tool.chmod(0o775)
     assert _refusal_rule(settings, [str(tool)]) == "untrusted-executable"
+
+
+async def test_mount_source_unlinked_after_open_is_path_changed_not_a_backend_failure(
+    settings: Settings, root: Path
+) -> None:
+    # What useradd does to /etc/passwd: a new file renamed over the old, whose inode is
+    # now unlinked. bubblewrap cannot mount a deleted file by its descriptor and says so.
+    data = root / "data.txt"
+    data.write_text("original\n")
+
+    def replace() -> None:
+        fresh = root / "data.new"
+        fresh.write_text("replacement\n")
+        fresh.rename(data)
+
+    outcome, _ = await _run(
+        settings,
+        {"argv": ["cat", str(data)], "fs": {"read": [str(data)]}},
+        _at("open-to-launch", replace),
+    )
+    assert outcome.exit_code == 126
+    assert outcome.refusal is not None
+    assert outcome.refusal.rule == "path-changed"
+    assert "bubblewrap" in outcome.refusal.detail
