@@ -63,7 +63,8 @@ _MAX_SHOWN_BODY = 200
 class RetryPolicy:
     """How ``follow`` (and a keyed ``submit``) wait between tries: doubling, capped, bounded."""
 
-    first_delay_s: float = 0.2
+    first_delay_s: float = 0.01
+    """Small: a dropped connection is usually back at once, and resume latency is this wait."""
     max_delay_s: float = 5.0
     budget_s: float = 30.0
 
