@@ -33,11 +33,20 @@ from typing import Any, Literal
 
 from shared.walk import canonical_path, mount_conflict
 from target_side import config_file, syscall_filter
+from target_side.cgroupfs import (
+    CONTROLLERS,
+    CgroupMount,
+    cgroup_mounts,
+    memberships,
+    under,
+    v1_mount,
+    v2_mount,
+    words,
+)
 from target_side.config import Settings
 from target_side.errors import BackendError
 from target_side.forbidden import ForbiddenEntry, forbidden_for
 from target_side.launch import find_bwrap, probe
-from target_side.limits import CONTROLLERS
 from target_side.turns import MIN_FREE_BYTES
 
 DEFAULT_CONFIG = Path("/etc/paddock/target.toml")
@@ -378,14 +387,6 @@ def _per_limit(detail: str) -> tuple[str, ...]:
     return tuple(items)
 
 
-@dataclass(frozen=True)
-class _Mount:
-    version: int
-    root: str
-    point: str
-    controllers: frozenset[str]
-
-
 def _cgroups(server: Server) -> Finding:
     """Read-only: which cgroup hierarchies the server's uid could make turn cgroups in."""
     pid = server.pid or os.getpid()
@@ -393,15 +394,15 @@ def _cgroups(server: Server) -> Finding:
         f"the server (pid {pid})" if server.pid else f"this process (pid {pid}; no server found)"
     )
     try:
-        memberships = _memberships(Path(f"/proc/{pid}/cgroup").read_text())
-        mounts = _mounts(Path(f"/proc/{pid}/mountinfo").read_text())
+        places = memberships(Path(f"/proc/{pid}/cgroup").read_text())
+        mounts = cgroup_mounts(Path(f"/proc/{pid}/mountinfo").read_text())
     except OSError as exc:
         return Finding("cgroups", "degraded", f"cannot read the cgroups of {whose}: {exc}")
-    lines, usable = _v2_lines(memberships, mounts)
+    lines, usable = _v2_lines(places, mounts)
     for controller in CONTROLLERS:
         if controller in usable:
             continue
-        line, ok = _v1_line(controller, memberships, mounts)
+        line, ok = _v1_line(controller, places, mounts)
         lines.append(line)
         if ok:
             usable.add(controller)
@@ -427,52 +428,16 @@ def _cgroups(server: Server) -> Finding:
     )
 
 
-def _memberships(text: str) -> dict[str, str]:
-    found: dict[str, str] = {}
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) == 3:
-            for name in parts[1].split(",") if parts[1] else [""]:
-                found[name.removeprefix("name=")] = parts[2]
-    return found
-
-
-def _mounts(text: str) -> list[_Mount]:
-    found = []
-    for line in text.splitlines():
-        left, _, right = line.partition(" - ")
-        fields, tail = left.split(), right.split()
-        if len(fields) < 5 or len(tail) < 3 or tail[0] not in ("cgroup", "cgroup2"):
-            continue
-        root, point = _unescape(fields[3]), _unescape(fields[4])
-        options = frozenset(tail[2].split(","))
-        found.append(_Mount(2 if tail[0] == "cgroup2" else 1, root, point, options))
-    return found
-
-
-def _unescape(text: str) -> str:
-    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
-        text = text.replace(code, char)
-    return text
-
-
-def _dir_of(mount: _Mount, path: str) -> Path | None:
-    root = mount.root.rstrip("/")
-    if path != root and not path.startswith(f"{root}/"):
-        return None
-    return Path(mount.point + path[len(root) :])
-
-
-def _v2_lines(memberships: dict[str, str], mounts: list[_Mount]) -> tuple[list[str], set[str]]:
-    mount = next((m for m in mounts if m.version == 2), None)
+def _v2_lines(memberships: dict[str, str], mounts: list[CgroupMount]) -> tuple[list[str], set[str]]:
+    mount = v2_mount(mounts)
     path = memberships.get("")
     if mount is None or path is None:
         return ["cgroup v2: not mounted"], set()
-    own = _dir_of(mount, path)
+    own = under(mount, path)
     if own is None:
         return [f"cgroup v2 at {mount.point}: the server's cgroup {path} is not visible"], set()
     base = own.parent if own.name == "paddock-server" else own
-    available = set(_words(base / "cgroup.controllers")) & set(CONTROLLERS)
+    available = set(words(base / "cgroup.controllers")) & set(CONTROLLERS)
     writable = os.access(base, os.W_OK) and os.access(base / "cgroup.subtree_control", os.W_OK)
     if not available:
         return [f"cgroup v2 at {base}: none of memory, pids, cpu is available there"], set()
@@ -485,26 +450,19 @@ def _v2_lines(memberships: dict[str, str], mounts: list[_Mount]) -> tuple[list[s
 
 
 def _v1_line(
-    controller: str, memberships: dict[str, str], mounts: list[_Mount]
+    controller: str, memberships: dict[str, str], mounts: list[CgroupMount]
 ) -> tuple[str, bool]:
-    mount = next((m for m in mounts if m.version == 1 and controller in m.controllers), None)
+    mount = v1_mount(mounts, controller)
     path = memberships.get(controller)
     if mount is None or path is None:
         return f"{controller}: no cgroup v1 hierarchy, and none in v2", False
-    base = _dir_of(mount, path)
+    base = under(mount, path)
     if base is None:
         return f"{controller}: cgroup v1, but the server's cgroup {path} is not visible", False
     if os.access(base, os.W_OK):
         return f"{controller}: cgroup v1 at {base}, writable by this user", True
     owner = _owner(base)
     return f"{controller}: cgroup v1 at {base}, owned by {owner}: not writable by this user", False
-
-
-def _words(path: Path) -> list[str]:
-    try:
-        return path.read_text().split()
-    except OSError:
-        return []
 
 
 def _owner(path: Path) -> str:

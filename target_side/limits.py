@@ -42,13 +42,21 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from target_side.cgroupfs import (
+    CONTROLLERS,
+    V1_USAGE,
+    CgroupMount,
+    cgroup_mounts,
+    memberships,
+    under,
+    v1_mount,
+    v2_mount,
+    words,
+)
 from target_side.plan import EffectiveLimits
 
 log = logging.getLogger("paddock.target")
 
-CONTROLLERS = ("memory", "pids", "cpu")
-V1_USAGE = "cpuacct"
-"""cgroup v1 keeps cpu usage in its own controller; joined only to report ``cpu_s``."""
 CPU_PERIOD_US = 100_000
 TURN_PREFIX = "paddock-"
 SERVER_LEAF = "paddock-server"
@@ -100,21 +108,21 @@ class Limiter:
     def detect(cls, proc: Path = Path("/proc/self")) -> Limiter:
         """Find usable hierarchies from the server's own ``/proc/self/{cgroup,mountinfo}``."""
         try:
-            memberships = _memberships((proc / "cgroup").read_text())
-            mounts = _cgroup_mounts((proc / "mountinfo").read_text())
+            places = memberships((proc / "cgroup").read_text())
+            mounts = cgroup_mounts((proc / "mountinfo").read_text())
         except OSError as exc:
             log.warning("cannot read the server's cgroups (%s); limits fall back to rlimits", exc)
             return cls(())
         found: list[Hierarchy] = []
         taken: set[str] = set()
-        v2 = _v2_hierarchy(memberships, mounts)
+        v2 = _v2_hierarchy(places, mounts)
         if v2 is not None:
             found.append(v2)
             taken |= v2.controllers
         for controller in (*CONTROLLERS, V1_USAGE):
             if controller in taken:
                 continue
-            v1 = _v1_hierarchy(controller, memberships, mounts)
+            v1 = _v1_hierarchy(controller, places, mounts)
             if v1 is not None and v1.base not in {h.base for h in found}:
                 found.append(v1)
                 taken |= v1.controllers
@@ -376,81 +384,29 @@ def _kill_member(pid: int, cgroup: Path) -> None:
 # --- detection -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Mount:
-    version: int
-    root: str
-    point: str
-    controllers: frozenset[str]
-
-
-def _memberships(text: str) -> dict[str, str]:
-    """controller (or "" for v2) -> the server's cgroup path, from /proc/self/cgroup."""
-    found: dict[str, str] = {}
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
-        for name in controllers.split(",") if controllers else [""]:
-            found[name] = path
-    return found
-
-
-def _cgroup_mounts(text: str) -> list[_Mount]:
-    found = []
-    for line in text.splitlines():
-        left, _, right = line.partition(" - ")
-        fields, tail = left.split(), right.split()
-        if len(fields) < 5 or len(tail) < 3 or tail[0] not in ("cgroup", "cgroup2"):
-            continue
-        root, point = _unescape(fields[3]), _unescape(fields[4])
-        if tail[0] == "cgroup2":
-            found.append(_Mount(2, root, point, frozenset()))
-        else:
-            known = frozenset(tail[2].split(",")) & {*CONTROLLERS, V1_USAGE}
-            found.append(_Mount(1, root, point, known))
-    return found
-
-
-def _unescape(field_text: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as octal.
-    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
-        field_text = field_text.replace(code, char)
-    return field_text
-
-
-def _under(mount: _Mount, path: str) -> Path | None:
-    """Where cgroup ``path`` appears under ``mount`` (None if the mount does not show it)."""
-    root = mount.root.rstrip("/")
-    if path != root and not path.startswith(f"{root}/"):
-        return None
-    return Path(mount.point + path[len(root) :])
-
-
 def _v1_hierarchy(
-    controller: str, memberships: dict[str, str], mounts: list[_Mount]
+    controller: str, memberships: dict[str, str], mounts: list[CgroupMount]
 ) -> Hierarchy | None:
     path = memberships.get(controller)
-    mount = next((m for m in mounts if m.version == 1 and controller in m.controllers), None)
+    mount = v1_mount(mounts, controller)
     if path is None or mount is None:
         return None
-    base = _under(mount, path)
+    base = under(mount, path)
     if base is None or not _can_make_children(base):
         return None
     return Hierarchy(1, base, mount.controllers)
 
 
-def _v2_hierarchy(memberships: dict[str, str], mounts: list[_Mount]) -> Hierarchy | None:
+def _v2_hierarchy(memberships: dict[str, str], mounts: list[CgroupMount]) -> Hierarchy | None:
     path = memberships.get("")
-    mount = next((m for m in mounts if m.version == 2), None)
+    mount = v2_mount(mounts)
     if path is None or mount is None:
         return None
-    own = _under(mount, path)
+    own = under(mount, path)
     if own is None:
         return None
     base = own.parent if own.name == SERVER_LEAF else own
-    available = set(_words(base / "cgroup.controllers")) & set(CONTROLLERS)
+    available = set(words(base / "cgroup.controllers")) & set(CONTROLLERS)
     if not available or not _can_make_children(base):
         return None
     enabled = _delegate(base, own, available)
@@ -463,7 +419,7 @@ def _delegate(base: Path, own: Path, wanted: set[str]) -> set[str]:
     cgroup v2 hands controllers down only from a cgroup with no processes of
     its own, so the server moves itself (never anything else) into a leaf.
     """
-    enabled = set(_words(base / "cgroup.subtree_control"))
+    enabled = set(words(base / "cgroup.subtree_control"))
     if wanted <= enabled:
         return wanted
     if own == base:
@@ -481,13 +437,6 @@ def _delegate(base: Path, own: Path, wanted: set[str]) -> set[str]:
         except OSError as exc:
             log.warning("cannot enable the %s controller in %s: %s", name, base, exc)
     return enabled & wanted
-
-
-def _words(path: Path) -> list[str]:
-    try:
-        return path.read_text().split()
-    except OSError:
-        return []
 
 
 def _can_make_children(base: Path) -> bool:
