@@ -257,9 +257,7 @@ def _upload(
 def _remove_remote_dir(connection: SshConnection, remote: _RemoteDir) -> None:
     """Remove the uploaded files; reconnects if the link dropped (only this is ever retried)."""
     try:
-        status, _, err = _exec(
-            connection.transport(), f"rm -rf -- {shlex.quote(remote.path)}"
-        )
+        status, _, err = _exec(connection.transport(), f"rm -rf -- {shlex.quote(remote.path)}")
     except (AgentError, OSError, paramiko.SSHException, EOFError) as exc:
         say(f"warning: could not remove {remote.path} on the target ({exc}); remove it by hand")
         return

@@ -90,8 +90,12 @@ def percentile(values: Sequence[float], q: float) -> float:
 def run_quiet(argv: Sequence[str], env: dict[str, str] | None = None) -> None:
     """Run ``argv`` to completion with no output; fail loudly if it does not exit 0."""
     done = subprocess.run(
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        env=env, check=False,
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+        check=False,
     )
     if done.returncode != 0:
         detail = done.stderr.decode(errors="replace").strip()

@@ -34,14 +34,36 @@ from bench.targets import ROLE, TargetInfo, embedded_target, target_process
 from shared.wire import Event, ExitEvent, OutputEvent, Turn, TurnRequest
 
 BARE_BWRAP = [
-    "bwrap", "--unshare-all", "--unshare-user", "--disable-userns",
-    "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL",
-    "--die-with-parent", "--new-session",
-    "--ro-bind", "/usr", "/usr",
-    "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
-    "--symlink", "usr/lib64", "/lib64",
-    "--proc", "/proc", "--dev", "/dev",
-    "--", "/usr/bin/true",
+    "bwrap",
+    "--unshare-all",
+    "--unshare-user",
+    "--disable-userns",
+    "--uid",
+    "65534",
+    "--gid",
+    "65534",
+    "--cap-drop",
+    "ALL",
+    "--die-with-parent",
+    "--new-session",
+    "--ro-bind",
+    "/usr",
+    "/usr",
+    "--symlink",
+    "usr/bin",
+    "/bin",
+    "--symlink",
+    "usr/lib",
+    "/lib",
+    "--symlink",
+    "usr/lib64",
+    "/lib64",
+    "--proc",
+    "/proc",
+    "--dev",
+    "/dev",
+    "--",
+    "/usr/bin/true",
 ]
 """bubblewrap with the process flags of paddock's fence, and only /usr mounted."""
 
@@ -58,8 +80,16 @@ SSH_FRESH = "ssh 127.0.0.1 true, new connection"
 SSH_SHARED = "ssh 127.0.0.1 true, ControlMaster"
 CLI_SSH = "paddock run --ssh -- true (CLI)"
 ISSUE_5_ROWS = (
-    API_HTTPS, API_PLAIN, TUNNEL_TLS, TUNNEL_PLAIN, FORWARDED, TUNNEL_HEALTH, TUNNEL_CONNECT,
-    SSH_FRESH, SSH_SHARED, CLI_SSH,
+    API_HTTPS,
+    API_PLAIN,
+    TUNNEL_TLS,
+    TUNNEL_PLAIN,
+    FORWARDED,
+    TUNNEL_HEALTH,
+    TUNNEL_CONNECT,
+    SSH_FRESH,
+    SSH_SHARED,
+    CLI_SSH,
 )
 """Table 1c: issue 5's comparison, the turn over the tunnel against HTTPS and plain ssh."""
 TRUE_REQUEST = TurnRequest(role=ROLE, argv=["true"])
@@ -169,7 +199,8 @@ def _baseline_rows() -> list[Row]:
         Row(
             "python -c 'import agent_side.cli'",
             lambda: run_quiet([PYTHON, "-c", "import agent_side.cli"], child_env()),
-            "the CLI's imports", slow=True,
+            "the CLI's imports",
+            slow=True,
         ),
     ]
 
@@ -250,8 +281,10 @@ def _ssh_rows(stack: contextlib.ExitStack, target: TargetInfo) -> list[Row]:
     return [
         Row(SSH_FRESH, lambda: run_quiet(ssh.argv(["true"])), slow=True),
         Row(
-            SSH_SHARED, lambda: run_quiet(ssh.argv(["true"], shared=True)),
-            "master opened beforehand", slow=True,
+            SSH_SHARED,
+            lambda: run_quiet(ssh.argv(["true"], shared=True)),
+            "master opened beforehand",
+            slow=True,
         ),
         _api_row(API_PLAIN, stack.enter_context(plain.https()), "no TLS, no SSH"),
         _api_row(TUNNEL_TLS, stack.enter_context(target.tunnel(ssh)), "one SSH connection, reused"),
@@ -259,7 +292,9 @@ def _ssh_rows(stack: contextlib.ExitStack, target: TargetInfo) -> list[Row]:
         _api_row(FORWARDED, stack.enter_context(forwarded.https()), "OpenSSH forwarding, plain"),
         Row(TUNNEL_HEALTH, tunnel_plain.health, "plain HTTP, kept channel"),
         Row(
-            TUNNEL_CONNECT, lambda: _connect_once(plain, ssh), "handshake + auth each time",
+            TUNNEL_CONNECT,
+            lambda: _connect_once(plain, ssh),
+            "handshake + auth each time",
             slow=True,
         ),
         tunnel,
@@ -307,10 +342,18 @@ def _main_table(rows: list[Row]) -> str:
             out.append([row.name, "", "", "", "", "", "", row.note])
             continue
         s = Samples(tuple(row.values))
-        out.append([
-            row.name, str(len(s.values)), ms(s.p50), ms(s.p95), ms(s.mean),
-            ratio(s.p50, bwrap), ratio(s.p50, spawn), row.note,
-        ])
+        out.append(
+            [
+                row.name,
+                str(len(s.values)),
+                ms(s.p50),
+                ms(s.p95),
+                ms(s.mean),
+                ratio(s.p50, bwrap),
+                ratio(s.p50, spawn),
+                row.note,
+            ]
+        )
     title = (
         "1. Turn latency, `true` (times in ms; rows interleaved round by round after warm-up;\n"
         "   'x bwrap' = row p50 / bare bwrap p50, 'x spawn' = row p50 / bare spawn p50)"
@@ -331,8 +374,14 @@ def _split_table(splits: dict[str, Split], runs: int) -> str:
         ):
             if values:
                 s = Samples(tuple(values))
-                rows.append([f"{name.removeprefix('paddock client, ')}: {label}",
-                             ms(s.p50), ms(s.p95), ms(s.mean)])
+                rows.append(
+                    [
+                        f"{name.removeprefix('paddock client, ')}: {label}",
+                        ms(s.p50),
+                        ms(s.p95),
+                        ms(s.mean),
+                    ]
+                )
     title = (
         "1b. Where a paddock client turn's time goes (ms; 'target:' rows are from the\n"
         "    Turn's created_at/started_at/ended_at and usage.wall_s)"
@@ -348,10 +397,16 @@ def _tunnel_table(rows: list[Row]) -> str:
     for row in rows:
         if row.name in ISSUE_5_ROWS and row.values:
             s = Samples(tuple(row.values))
-            out.append([
-                row.name, str(len(s.values)), ms(s.p50), ms(s.p95), ratio(s.p50, https),
-                ratio(s.p50, plain),
-            ])
+            out.append(
+                [
+                    row.name,
+                    str(len(s.values)),
+                    ms(s.p50),
+                    ms(s.p95),
+                    ratio(s.p50, https),
+                    ratio(s.p50, plain),
+                ]
+            )
     title = (
         "1c. A turn over SSH (issue 5): paddock's tunnel vs HTTPS vs OpenSSH (ms, from table 1;\n"
         "    'x https' = row p50 / Target.https p50; 'x plain' = row p50 / p50 of Target.https\n"
@@ -365,4 +420,3 @@ def _p50_of(rows: list[Row], name: str) -> float | None:
         if row.name == name and row.values:
             return Samples(tuple(row.values)).p50
     return None
-

@@ -181,12 +181,20 @@ def _table(samples: list[Sample], sleep_s: float, failures: list[str]) -> str:
     for s in samples:
         delta = s.rss_kib - idle
         per_turn = "" if s.per_turn_kib is None else f"{s.per_turn_kib:.0f}"
-        rows.append([
-            s.label, str(s.running), f"{s.rss_kib / 1024:.1f}", f"{delta / 1024:+.1f}",
-            per_turn, f"{s.hwm_kib / 1024:.1f}", str(s.threads), str(s.fds),
-            "" if s.submit_s is None else f"{s.submit_s:.2f}",
-            str(s.failed) if s.submit_s is not None else "",
-        ])
+        rows.append(
+            [
+                s.label,
+                str(s.running),
+                f"{s.rss_kib / 1024:.1f}",
+                f"{delta / 1024:+.1f}",
+                per_turn,
+                f"{s.hwm_kib / 1024:.1f}",
+                str(s.threads),
+                str(s.fds),
+                "" if s.submit_s is None else f"{s.submit_s:.2f}",
+                str(s.failed) if s.submit_s is not None else "",
+            ]
+        )
     title = (
         "3. Target process memory (VmRSS of `python -m target_side.cli serve`; each turn\n"
         "   submitted by its own client thread and followed to exit; sampled "
@@ -197,7 +205,15 @@ def _table(samples: list[Sample], sleep_s: float, failures: list[str]) -> str:
         "   not exit 0)"
     )
     headers = [
-        "state", "running", "RSS MiB", "vs idle", "KiB/turn", "peak MiB", "threads", "fds",
-        "submit s", "failed",
+        "state",
+        "running",
+        "RSS MiB",
+        "vs idle",
+        "KiB/turn",
+        "peak MiB",
+        "threads",
+        "fds",
+        "submit s",
+        "failed",
     ]
     return with_failures(render_table(title, headers, rows), failures)

@@ -64,12 +64,24 @@ def run(samples: int) -> str:
         with cutting_proxy(port) as proxy:
             rows = [
                 _cut_row(
-                    "follow(): proxy cuts, default retry", target, proxy, turn_id, cursor, samples,
-                    RetryPolicy(), f"waits {RetryPolicy().first_delay_s:g} s, then reconnects",
+                    "follow(): proxy cuts, default retry",
+                    target,
+                    proxy,
+                    turn_id,
+                    cursor,
+                    samples,
+                    RetryPolicy(),
+                    f"waits {RetryPolicy().first_delay_s:g} s, then reconnects",
                 ),
                 _cut_row(
-                    "follow(): proxy cuts, 1 ms first retry", target, proxy, turn_id, cursor,
-                    samples, RetryPolicy(first_delay_s=0.001), "reconnect cost alone",
+                    "follow(): proxy cuts, 1 ms first retry",
+                    target,
+                    proxy,
+                    turn_id,
+                    cursor,
+                    samples,
+                    RetryPolicy(first_delay_s=0.001),
+                    "reconnect cost alone",
                 ),
             ]
         rows.append(_fresh_row(FLOOR, target.client, turn_id, cursor, samples, "TCP + TLS"))
@@ -110,8 +122,11 @@ def _cut_row(
     )
     with client:
         values = _through_drops(
-            client.follow(turn_id, after=cursor.seq), proxy.cut, lambda: proxy.accepted,
-            cursor, samples + 1,
+            client.follow(turn_id, after=cursor.seq),
+            proxy.cut,
+            lambda: proxy.accepted,
+            cursor,
+            samples + 1,
         )
     return Row(name, note, values[1:])
 
@@ -199,17 +214,25 @@ def _ssh_rows(target: TargetInfo, turn_id: str, cursor: Cursor, samples: int) ->
             if connection is None:
                 raise RuntimeError("Target.ssh has no SSH connection")
             values = _through_drops(
-                tunnel.client.follow(turn_id, after=cursor.seq), connection.drop,
-                lambda: connection.connects, cursor, samples + 1,
+                tunnel.client.follow(turn_id, after=cursor.seq),
+                connection.drop,
+                lambda: connection.connects,
+                cursor,
+                samples + 1,
             )
         dropped = Row(
-            "Target.ssh follow(): SSH connection dropped", "new SSH handshake + auth + TLS",
+            "Target.ssh follow(): SSH connection dropped",
+            "new SSH handshake + auth + TLS",
             values[1:],
         )
         with target.tunnel(ssh) as tunnel:
             channel = _fresh_row(
-                "events(after=N) via Target.ssh, new channel", _reusing(tunnel), turn_id, cursor,
-                samples, "kept SSH connection, TLS inside",
+                "events(after=N) via Target.ssh, new channel",
+                _reusing(tunnel),
+                turn_id,
+                cursor,
+                samples,
+                "kept SSH connection, TLS inside",
             )
     return [dropped, channel]
 
@@ -227,10 +250,17 @@ def _table(rows: list[Row], samples: int) -> str:
             out.append([row.name, "", "", "", "", "", row.note])
             continue
         s = Samples(tuple(row.values))
-        out.append([
-            row.name, str(len(s.values)), ms(s.p50), ms(s.p95), ms(s.mean), ratio(s.p50, floor),
-            row.note,
-        ])
+        out.append(
+            [
+                row.name,
+                str(len(s.values)),
+                ms(s.p50),
+                ms(s.p95),
+                ms(s.mean),
+                ratio(s.p50, floor),
+                row.note,
+            ]
+        )
     title = (
         f"4. Resume latency (ms; a turn printing a line every {TICK_S * 1000:g} ms; {samples} "
         "samples per row\n   after one warm-up; drop rows: from the drop to the first event "

@@ -62,30 +62,49 @@ class LocalSsh:
 
     def options(self) -> list[str]:
         return [
-            "-F", "/dev/null", "-T",
-            "-i", str(self.key),
-            "-o", "IdentitiesOnly=yes",
-            "-o", "IdentityAgent=none",
-            "-o", f"UserKnownHostsFile={self.known_hosts}",
-            "-o", "StrictHostKeyChecking=accept-new",
-            "-o", "BatchMode=yes",
-            "-o", "LogLevel=ERROR",
-            "-p", str(self.port),
+            "-F",
+            "/dev/null",
+            "-T",
+            "-i",
+            str(self.key),
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            "IdentityAgent=none",
+            "-o",
+            f"UserKnownHostsFile={self.known_hosts}",
+            "-o",
+            "StrictHostKeyChecking=accept-new",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "LogLevel=ERROR",
+            "-p",
+            str(self.port),
         ]
 
     def paddock_options(self, target_url: str) -> list[str]:
         """``paddock run`` options that reach ``target_url`` through this sshd."""
         return [
-            "--ssh", self.destination, "-i", str(self.key),
-            "--known-hosts", str(self.known_hosts), "--target", target_url,
+            "--ssh",
+            self.destination,
+            "-i",
+            str(self.key),
+            "--known-hosts",
+            str(self.known_hosts),
+            "--target",
+            target_url,
         ]
 
     def argv(self, remote: Sequence[str], *, shared: bool = False) -> list[str]:
         """``ssh ... user@127.0.0.1 REMOTE``; ``shared`` rides the ControlMaster connection."""
         control = ["-o", "ControlMaster=no", "-o", f"ControlPath={self.control_path}"]
         return [
-            SSH, *self.options(), *(control if shared else []),
-            f"{self.user}@127.0.0.1", *remote,
+            SSH,
+            *self.options(),
+            *(control if shared else []),
+            f"{self.user}@127.0.0.1",
+            *remote,
         ]
 
 
@@ -111,7 +130,9 @@ def _start_sshd(directory: Path, tries: int = 3) -> tuple[subprocess.Popen[bytes
         with open(log, "ab") as out:
             proc = subprocess.Popen(
                 [SSHD, "-D", "-e", "-f", str(config)],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
             )
         try:
             wait_for_port(ssh.port, proc)
@@ -129,11 +150,19 @@ def control_master(ssh: LocalSsh) -> Iterator[None]:
     """One master connection (our child, in the foreground) that ``shared`` commands reuse."""
     proc = subprocess.Popen(
         [
-            SSH, *ssh.options(), "-M", "-N",
-            "-o", f"ControlPath={ssh.control_path}", "-o", "ControlPersist=no",
+            SSH,
+            *ssh.options(),
+            "-M",
+            "-N",
+            "-o",
+            f"ControlPath={ssh.control_path}",
+            "-o",
+            "ControlPersist=no",
             f"{ssh.user}@127.0.0.1",
         ],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         _wait_for_master(ssh, proc)
@@ -141,7 +170,9 @@ def control_master(ssh: LocalSsh) -> Iterator[None]:
     finally:
         subprocess.run(
             [SSH, "-F", "/dev/null", "-o", f"ControlPath={ssh.control_path}", "-O", "exit", "x"],
-            capture_output=True, check=False, timeout=10,
+            capture_output=True,
+            check=False,
+            timeout=10,
         )
         stop_process(proc)
 
@@ -155,10 +186,18 @@ def port_forward(ssh: LocalSsh, target_port: int) -> Iterator[int]:
     local_port = free_port()
     proc = subprocess.Popen(
         [
-            SSH, *ssh.options(), "-N", "-o", "ExitOnForwardFailure=yes",
-            "-L", f"127.0.0.1:{local_port}:127.0.0.1:{target_port}", f"{ssh.user}@127.0.0.1",
+            SSH,
+            *ssh.options(),
+            "-N",
+            "-o",
+            "ExitOnForwardFailure=yes",
+            "-L",
+            f"127.0.0.1:{local_port}:127.0.0.1:{target_port}",
+            f"{ssh.user}@127.0.0.1",
         ],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         wait_for_port(local_port, proc)
@@ -174,7 +213,8 @@ def _wait_for_master(ssh: LocalSsh, proc: subprocess.Popen[bytes]) -> None:
             raise RuntimeError(f"the ssh ControlMaster exited {proc.returncode}")
         check = subprocess.run(
             [SSH, "-F", "/dev/null", "-o", f"ControlPath={ssh.control_path}", "-O", "check", "x"],
-            capture_output=True, check=False,
+            capture_output=True,
+            check=False,
         )
         if check.returncode == 0:
             return
@@ -206,9 +246,9 @@ def _write_config(ssh: LocalSsh) -> Path:
         f"""\
 ListenAddress 127.0.0.1
 Port {ssh.port}
-HostKey {d / 'host_key'}
-AuthorizedKeysFile {d / 'authorized_keys'}
-PidFile {d / 'sshd.pid'}
+HostKey {d / "host_key"}
+AuthorizedKeysFile {d / "authorized_keys"}
+PidFile {d / "sshd.pid"}
 StrictModes no
 UsePAM no
 PermitRootLogin yes

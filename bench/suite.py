@@ -30,7 +30,12 @@ DEFAULT = Sizes(
     runs=40, slow_runs=12, stream_bytes=200 * MIB, sleep_s=5.0, sequential=100, resumes=20
 )
 QUICK = Sizes(
-    runs=10, slow_runs=3, stream_bytes=50 * MIB, sleep_s=3.0, sequential=30, resumes=8,
+    runs=10,
+    slow_runs=3,
+    stream_bytes=50 * MIB,
+    sleep_s=3.0,
+    sequential=30,
+    resumes=8,
     label="--quick",
 )
 FULL_STREAM_BYTES = 1024 * MIB
@@ -51,17 +56,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         prog="bench/run.py", description="paddock benchmarks, with same-run baselines."
     )
     parser.add_argument(
-        "--quick", action="store_true",
+        "--quick",
+        action="store_true",
         help=f"fewer runs ({QUICK.runs}/{QUICK.slow_runs}), "
         f"{QUICK.stream_bytes // MIB} MiB streams, `sleep {QUICK.sleep_s:g}` turns",
     )
     parser.add_argument(
-        "--full", action="store_true",
+        "--full",
+        action="store_true",
         help=f"{FULL_STREAM_BYTES // MIB} MiB streams (1 GB of output, as issue 4 asks); "
         "adds about two minutes",
     )
     parser.add_argument(
-        "--only", action="append", choices=sorted(SECTIONS), metavar="NAME",
+        "--only",
+        action="append",
+        choices=sorted(SECTIONS),
+        metavar="NAME",
         help=f"run only this section (repeatable): {', '.join(SECTIONS)}",
     )
     return parser.parse_args(argv)

@@ -59,15 +59,23 @@ class TargetInfo:
         trusted (no agent, nothing from ~/.ssh). Connects at once.
         """
         return Target.ssh(
-            ssh.destination, token=self.token, url=self.url, cacert=self.cacert, role=ROLE,
-            identity_files=[str(ssh.key)], known_hosts=[str(ssh.known_hosts)],
-            ssh_config=None, use_agent=False,
+            ssh.destination,
+            token=self.token,
+            url=self.url,
+            cacert=self.cacert,
+            role=ROLE,
+            identity_files=[str(ssh.key)],
+            known_hosts=[str(ssh.known_hosts)],
+            ssh_config=None,
+            use_agent=False,
         )
 
     def cli_env(self) -> dict[str, str]:
         """Environment for ``python -m agent_side.cli run`` against this target."""
         return child_env(
-            PADDOCK_TARGET=self.url, PADDOCK_TOKEN=self.token, PADDOCK_CACERT=self.cacert,
+            PADDOCK_TARGET=self.url,
+            PADDOCK_TOKEN=self.token,
+            PADDOCK_CACERT=self.cacert,
             PADDOCK_ROLE=ROLE,
         )
 
@@ -129,7 +137,9 @@ def _settings(root: _Root) -> Settings:
     )
     return Settings(
         server=ServerConfig(
-            listen="127.0.0.1:0", tls_cert=str(root.cert), tls_key=str(root.key),
+            listen="127.0.0.1:0",
+            tls_cert=str(root.cert),
+            tls_key=str(root.key),
             state_root=str(root.state),
         ),
         roles={ROLE: role},
@@ -194,12 +204,18 @@ def _start_serving(
         with open(log, "ab") as out:
             proc = subprocess.Popen(
                 [PYTHON, "-m", "target_side.cli", "serve", "--config", str(config)],
-                cwd=REPO, env=child_env(), stdin=subprocess.DEVNULL, stdout=out,
+                cwd=REPO,
+                env=child_env(),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
                 stderr=subprocess.STDOUT,
             )
         scheme = "https" if tls else "http"
         info = TargetInfo(
-            f"{scheme}://127.0.0.1:{port}", root.token, str(root.cacert), str(root.workspace),
+            f"{scheme}://127.0.0.1:{port}",
+            root.token,
+            str(root.cacert),
+            str(root.workspace),
             proc.pid,
         )
         try:

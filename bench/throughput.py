@@ -73,21 +73,26 @@ def _paddock_rows(target: TargetInfo, size: int) -> list[Row]:
     printable = f"yes {PRINTABLE_LINE} | head -c {size}"
     return [
         Row(
-            "paddock client: head /dev/zero", nul,
+            "paddock client: head /dev/zero",
+            nul,
             _turn(target, ["head", "-c", str(nul), "/dev/zero"], nul),
             f"NUL -> JSON \\u0000; N/{NUL_DIVISOR}",
         ),
         Row(
-            "paddock client: yes | head (text)", size,
-            _turn(target, ["sh", "-c", printable], size), "printable UTF-8, HTTPS",
+            "paddock client: yes | head (text)",
+            size,
+            _turn(target, ["sh", "-c", printable], size),
+            "printable UTF-8, HTTPS",
         ),
         Row(
-            "paddock client: head /dev/urandom", rnd,
+            "paddock client: head /dev/urandom",
+            rnd,
             _turn(target, ["head", "-c", str(rnd), "/dev/urandom"], rnd),
             f"not UTF-8 -> base64; N/{RANDOM_DIVISOR}",
         ),
         Row(
-            "paddock run CLI: yes | head", rnd,
+            "paddock run CLI: yes | head",
+            rnd,
             _cli(target, ["sh", "-c", f"yes {PRINTABLE_LINE} | head -c {rnd}"], rnd),
             f"CLI stdout read by a pipe; N/{RANDOM_DIVISOR}",
         ),
@@ -108,7 +113,8 @@ def _ssh_rows(target: TargetInfo, size: int) -> list[Row]:
         cli = _cli(target, text, quarter, ssh.paddock_options(target.url))
         windows = [
             Row(
-                f"tunnel, {window // MIB} MiB window: yes | head", quarter,
+                f"tunnel, {window // MIB} MiB window: yes | head",
+                quarter,
                 _window_turn(plain, ssh, window, quarter),
                 f"SshOptions(window_size=...), plain; N/{RANDOM_DIVISOR}",
             )
@@ -117,16 +123,22 @@ def _ssh_rows(target: TargetInfo, size: int) -> list[Row]:
     return [
         Row(SSH_ROW, size, plain_ssh, "new connection; OpenSSH's own rate"),
         Row(
-            "Target.ssh tunnel: yes | head, plain", size, through_plain,
+            "Target.ssh tunnel: yes | head, plain",
+            size,
+            through_plain,
             "Python API, plain-HTTP listener",
         ),
         Row(
-            "Target.ssh tunnel: yes | head, HTTPS", size, through_tls,
+            "Target.ssh tunnel: yes | head, HTTPS",
+            size,
+            through_tls,
             "Python API, TLS inside the channel",
         ),
         *windows,
         Row(
-            "paddock run --ssh CLI: yes | head", quarter, cli,
+            "paddock run --ssh CLI: yes | head",
+            quarter,
+            cli,
             f"through one paramiko connection; N/{RANDOM_DIVISOR}",
         ),
     ]
@@ -143,8 +155,11 @@ def _window_turn(target: TargetInfo, ssh: LocalSsh, window: int, size: int) -> f
     """``_follow_turn`` through a tunnel built by hand from agent_side's parts, so that the
     channel window (which ``Target.ssh`` does not take) can be chosen."""
     options = SshOptions(
-        identity_files=(str(ssh.key),), known_hosts=(str(ssh.known_hosts),), ssh_config=None,
-        use_agent=False, window_size=window,
+        identity_files=(str(ssh.key),),
+        known_hosts=(str(ssh.known_hosts),),
+        ssh_config=None,
+        use_agent=False,
+        window_size=window,
     )
     connection = SshConnection(resolve(Destination.parse(ssh.destination), options), options)
     connection.connect()
@@ -220,10 +235,17 @@ def _table(rows: list[Row], size: int, label: str) -> str:
         if row.rate is None:
             out.append([row.note, "", "", "", "", "", ""])
             continue
-        out.append([
-            row.name, f"{row.size / MIB:g}", f"{row.seconds:.2f}", f"{row.rate:.1f}",
-            ratio(row.rate, base), ratio(row.rate, ssh), row.note,
-        ])
+        out.append(
+            [
+                row.name,
+                f"{row.size / MIB:g}",
+                f"{row.seconds:.2f}",
+                f"{row.rate:.1f}",
+                ratio(row.rate, base),
+                ratio(row.rate, ssh),
+                row.note,
+            ]
+        )
     title = (
         f"2. Stream throughput (N = {size / MIB:g} MiB{label}; 'x pipe', 'x ssh' = row MiB/s\n"
         "   over the pipe's, over ssh's; pipe: best of 3 runs, others one run; paddock\n"

@@ -9,6 +9,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Query, Request
@@ -27,7 +28,7 @@ from shared.wire import (
     TurnRequest,
     is_turn_id,
 )
-from target_side import syscall_filter
+from target_side import config_file, syscall_filter
 from target_side.auth import AuthError, RoleNotHeld, TokenRoles, require_role
 from target_side.body_limit import BodyLimit
 from target_side.config import Settings
@@ -56,6 +57,7 @@ def create_app(settings: Settings, inject: FailureHook = no_failure) -> FastAPI:
         await manager.start()
         await _check_backend(manager, board)
         _check_limits(manager, board)
+        await _check_config(manager)
         sweeper = asyncio.create_task(_sweep_forever(manager))
         yield
         sweeper.cancel()
@@ -146,8 +148,22 @@ async def _sweep_forever(manager: TurnManager) -> None:
         await asyncio.sleep(interval)
         try:
             await manager.sweep()
+            await _check_config(manager)
         except Exception:
             log.exception("retention sweep failed; trying again later")
+
+
+async def _check_config(manager: TurnManager) -> None:
+    """``config`` is active while the config (or what it names) has a problem; clean clears it."""
+    settings = manager.settings
+    if settings.config_path:
+        _, problems = await asyncio.to_thread(config_file.check, Path(settings.config_path))
+    else:
+        problems = await asyncio.to_thread(config_file.filesystem_problems, settings)
+    if problems:
+        manager.board.degrade("config", "; ".join(problems))
+    else:
+        manager.board.recover("config")
 
 
 async def _check_backend(manager: TurnManager, board: HealthBoard) -> None:

@@ -29,10 +29,11 @@ def check(path: Path) -> tuple[Settings | None, list[str]]:
         settings = parse_settings(text, str(path))
     except ConfigError as exc:
         return None, [str(exc)]
-    return settings, _filesystem_problems(settings)
+    return settings, filesystem_problems(settings)
 
 
-def _filesystem_problems(settings: Settings) -> list[str]:
+def filesystem_problems(settings: Settings) -> list[str]:
+    """What the filesystem says is wrong with otherwise valid settings (missing dirs, open keys)."""
     problems = []
     for name, role in settings.roles.items():
         problems += [

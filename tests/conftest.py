@@ -56,6 +56,7 @@ def make_settings(root: Path, ca: trustme.CA, **role_overrides: object) -> Setti
     cert_file, key_file = root / "cert.pem", root / "key.pem"
     cert.cert_chain_pems[0].write_to_path(str(cert_file))
     cert.private_key_pem.write_to_path(str(key_file))
+    key_file.chmod(0o600)  # a key others can read is a config problem the target reports
     limits = role_overrides.pop("limits", RoleLimits(wall_s=60))
     builder = RoleConfig(
         token_sha256=sha(BUILDER_TOKEN),

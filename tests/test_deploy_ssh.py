@@ -50,8 +50,18 @@ from agent_side.targets_file import StoredTarget
 REPO = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "agent_side.cli"]
 SYSTEM_PYTHON = "/usr/bin/python3"
-STEPS = ("preflight", "user", "dirs", "release", "tls", "config", "service", "switch", "restart",
-         "health")
+STEPS = (
+    "preflight",
+    "user",
+    "dirs",
+    "release",
+    "tls",
+    "config",
+    "service",
+    "switch",
+    "restart",
+    "health",
+)
 NAME = "lab"
 
 needs_host = pytest.mark.skipif(
@@ -79,20 +89,28 @@ def ca_pem() -> str:
 
 def _entry(ca: str, **changes: object) -> StoredTarget:
     base = StoredTarget(
-        name="build-host", route="ssh", url="https://127.0.0.1:8443", ssh="root@build-host",
-        ca_sha256=targets_file.fingerprint(ca), default_role="builder",
+        name="build-host",
+        route="ssh",
+        url="https://127.0.0.1:8443",
+        ssh="root@build-host",
+        ca_sha256=targets_file.fingerprint(ca),
+        default_role="builder",
     )
     return StoredTarget(**{**base.__dict__, **changes})
 
 
 def test_targets_file_is_private_and_holds_no_secret(environ, ca_pem) -> None:
-    saved = targets_file.save(_entry(ca_pem), tokens={"builder": "s3cret-token"}, ca_pem=ca_pem,
-                              environ=environ)
+    saved = targets_file.save(
+        _entry(ca_pem), tokens={"builder": "s3cret-token"}, ca_pem=ca_pem, environ=environ
+    )
     directory = Path(environ["XDG_CONFIG_HOME"]) / "paddock"
     assert saved.index == directory / "targets.toml"
     assert stat.S_IMODE(directory.stat().st_mode) == 0o700
-    for path in (saved.index, directory / "targets/build-host/ca.pem",
-                 directory / "targets/build-host/token-builder"):
+    for path in (
+        saved.index,
+        directory / "targets/build-host/ca.pem",
+        directory / "targets/build-host/token-builder",
+    ):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
     assert "s3cret-token" not in saved.index.read_text()
     table = tomllib.loads(saved.index.read_text())["targets"]["build-host"]
@@ -114,8 +132,9 @@ def test_targets_file_keeps_tokens_of_the_same_install_and_drops_another_install
     environ, ca_pem
 ) -> None:
     targets_file.save(_entry(ca_pem), tokens={"builder": "t1"}, ca_pem=ca_pem, environ=environ)
-    again = targets_file.save(_entry(ca_pem, route="https"), tokens={"reviewer": "t2"},
-                              ca_pem=ca_pem, environ=environ)
+    again = targets_file.save(
+        _entry(ca_pem, route="https"), tokens={"reviewer": "t2"}, ca_pem=ca_pem, environ=environ
+    )
     assert set(again.entry.tokens) == {"builder", "reviewer"} and again.dropped_roles == ()
     assert targets_file.load("build-host", environ).route == "https"
     other_ca = trustme.CA().cert_pem.bytes().decode()
@@ -156,7 +175,10 @@ def test_stored_target_excludes_target_and_ssh_flags(environ, ca_pem, capsys) ->
     args = parser.parse_args(["run", "-t", "build-host", "--", "true"])
     connection = cli.resolve_connection(args, environ)
     assert (connection.url, connection.token, connection.role) == (
-        "https://127.0.0.1:8443", "t", "builder")
+        "https://127.0.0.1:8443",
+        "t",
+        "builder",
+    )
     assert cli.main(["run", "--local", "-t", "build-host", "--", "true"]) == 125
     assert "drop -t" in capsys.readouterr().err
 
@@ -169,7 +191,8 @@ def test_direct_url_reaches_wildcard_listeners_by_the_ssh_host_and_loopback_only
     assert direct_url({"listen": "0.0.0.0:8443"}, _endpoint("build")) == "https://build:8443"
     assert direct_url({"listen": "[::]:9"}, _endpoint("::1")) == "https://[::1]:9"
     assert direct_url({"listen": "127.0.0.1:8443"}, _endpoint("127.0.0.1")) == (
-        "https://127.0.0.1:8443")
+        "https://127.0.0.1:8443"
+    )
     with pytest.raises(UsageError, match="not reachable from here"):
         direct_url({"listen": "127.0.0.1:8443"}, _endpoint("build"))
 
@@ -178,16 +201,21 @@ def _request(**changes: object) -> DeployRequest:
     return DeployRequest(destination="root@127.0.0.1", roles=("builder",), **changes)
 
 
-def test_deploy_statuses_follow_the_script_and_125_when_no_result_arrives(
-    environ, capsys
-) -> None:
+def test_deploy_statuses_follow_the_script_and_125_when_no_result_arrives(environ, capsys) -> None:
     endpoint = _endpoint("127.0.0.1")
     dropped = _Outcome(status=None, result=None)
     assert _finish(dropped, _request(), endpoint, "x", environ) == 125
     assert "dropped before the deploy's result" in capsys.readouterr().err
     assert _finish(_Outcome(status=2), _request(), endpoint, "x", environ) == 2
-    failed = {"event": "result", "ok": False, "failed_step": "config", "error": "boom",
-              "rolled_back": True, "rollback_problems": [], "summary": "rolled back: fine"}
+    failed = {
+        "event": "result",
+        "ok": False,
+        "failed_step": "config",
+        "error": "boom",
+        "rolled_back": True,
+        "rollback_problems": [],
+        "summary": "rolled back: fine",
+    }
     assert _finish(_Outcome(1, failed), _request(), endpoint, "x", environ) == 1
     assert "deploy failed at step config: boom" in capsys.readouterr().err
     stuck = failed | {"rolled_back": False, "rollback_problems": ["current: EIO"]}
@@ -200,10 +228,22 @@ def test_deploy_statuses_follow_the_script_and_125_when_no_result_arrives(
 def test_deploy_progress_shows_steps_and_makes_target_text_harmless(capsys) -> None:
     progress = _Progress(False, sys.stdout)
     lines = [
-        {"event": "step", "index": 3, "total": 10, "step": "dirs", "status": "changed",
-         "detail": "made \x1b[31mred"},
-        {"event": "step", "index": 4, "total": 10, "step": "release", "status": "failed",
-         "detail": "pip said no"},
+        {
+            "event": "step",
+            "index": 3,
+            "total": 10,
+            "step": "dirs",
+            "status": "changed",
+            "detail": "made \x1b[31mred",
+        },
+        {
+            "event": "step",
+            "index": 4,
+            "total": 10,
+            "step": "release",
+            "status": "failed",
+            "detail": "pip said no",
+        },
         {"event": "note", "detail": "careful"},
         {"event": "rollback", "detail": "undone: x"},
         {"event": "result", "ok": False, "tokens": {}},
@@ -226,7 +266,11 @@ def test_deploy_refuses_relative_paths_and_a_renamed_wheel(tmp_path) -> None:
     with pytest.raises(UsageError, match="absolute path on the target"):
         script_options([("--prefix", "opt/paddock")], None)
     assert script_options([("--user", "svc"), ("--listen", None)], "config") == (
-        "--user", "svc", "--fail-at", "config")
+        "--user",
+        "svc",
+        "--fail-at",
+        "config",
+    )
     renamed = tmp_path / "paddock.whl"
     renamed.write_bytes(b"")
     with pytest.raises(UsageError, match="file name"):
@@ -253,8 +297,12 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     # The build ran on a copy: nothing new in the checkout (no build/, no *.egg-info).
     assert {p.name for p in REPO.iterdir()} == leftovers
     wheelhouse = root / "wheelhouse"
-    subprocess.run([SYSTEM_PYTHON, "-m", "pip", "download", "-q", "-d", str(wheelhouse),
-                    str(wheel)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [SYSTEM_PYTHON, "-m", "pip", "download", "-q", "-d", str(wheelhouse), str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (wheelhouse / wheel.name).unlink()  # the wheel itself goes up on its own
     return Built(wheel, wheelhouse)
 
@@ -291,42 +339,80 @@ class Host:
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDOCK_", "SSH_"))}
-        return env | {"PYTHONPATH": str(REPO), "HOME": str(self.home),
-                      "XDG_CONFIG_HOME": str(self.home / "xdg")}
+        return env | {
+            "PYTHONPATH": str(REPO),
+            "HOME": str(self.home),
+            "XDG_CONFIG_HOME": str(self.home / "xdg"),
+        }
 
     def paddock(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*CLI, *args], env=self.env(), capture_output=True, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL, check=False)
+        return subprocess.run(
+            [*CLI, *args],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
 
-    def deploy(self, *extra: str, roles: tuple[str, ...] = ("builder",),
-               known: bool = True) -> subprocess.CompletedProcess[str]:
+    def deploy(
+        self, *extra: str, roles: tuple[str, ...] = ("builder",), known: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         ssh = ["-i", str(self.sshd.client_key)]
         if known:
             ssh += ["--known-hosts", str(self.known_hosts)]
         return self.paddock(
-            "deploy", self.sshd.destination, *ssh, "--name", NAME,
+            "deploy",
+            self.sshd.destination,
+            *ssh,
+            "--name",
+            NAME,
             *(arg for role in roles for arg in ("--role", role)),
-            "--wheel", str(self.built.wheel), "--wheelhouse", str(self.built.wheelhouse),
-            "--prefix", str(self.base / "opt"), "--state-root", str(self.base / "state"),
-            "--config-dir", str(self.config_dir), "--user", self.user,
-            "--listen", f"127.0.0.1:{self.port}", "--workspace", str(self.workspace),
+            "--wheel",
+            str(self.built.wheel),
+            "--wheelhouse",
+            str(self.built.wheelhouse),
+            "--prefix",
+            str(self.base / "opt"),
+            "--state-root",
+            str(self.base / "state"),
+            "--config-dir",
+            str(self.config_dir),
+            "--user",
+            self.user,
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--workspace",
+            str(self.workspace),
             # The system python3: root's shell here may put another first on the PATH.
-            "--service", "supervised", "--python", SYSTEM_PYTHON, *extra, timeout=240,
+            "--service",
+            "supervised",
+            "--python",
+            SYSTEM_PYTHON,
+            *extra,
+            timeout=240,
         )
 
     def run_id(self) -> subprocess.CompletedProcess[str]:
         return self.paddock("run", "-t", NAME, "--cwd", str(self.workspace), "--", "id", "-u")
 
     def server_pid(self) -> int:
-        proc = subprocess.run([SYSTEM_PYTHON, str(self.base / "opt/bin/paddock-supervise"),
-                               "status"], capture_output=True, text=True, timeout=60, check=True)
+        proc = subprocess.run(
+            [SYSTEM_PYTHON, str(self.base / "opt/bin/paddock-supervise"), "status"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
         server = json.loads(proc.stdout.splitlines()[-1])["server"]
         assert server is not None and server["alive"], proc.stdout
         return int(server["pid"])
 
     def table(self) -> dict[str, object]:
-        entry: dict[str, object] = tomllib.loads(
-            (self.stored / "targets.toml").read_text())["targets"][NAME]
+        entry: dict[str, object] = tomllib.loads((self.stored / "targets.toml").read_text())[
+            "targets"
+        ][NAME]
         return entry
 
 
@@ -342,8 +428,7 @@ def host(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hos
     home = tmp_path_factory.mktemp("agent-home")
     with Sshd(tmp_path_factory.mktemp("deploy-sshd")) as sshd:
         known = sshd.write_known_hosts(tmp_path_factory.mktemp("known") / "known_hosts")
-        target = Host(base, f"pdk{secrets.token_hex(3)[:5]}", free_port(), sshd, known, home,
-                      built)
+        target = Host(base, f"pdk{secrets.token_hex(3)[:5]}", free_port(), sshd, known, home, built)
         try:
             target.uploads_before = frozenset(_uploads())
             target.first = target.deploy()
@@ -356,8 +441,9 @@ def host(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hos
 def _tear_down(target: Host) -> None:
     supervise = target.base / "opt" / "bin" / "paddock-supervise"
     if supervise.exists():
-        subprocess.run([SYSTEM_PYTHON, str(supervise), "stop"], capture_output=True, timeout=90,
-                       check=False)
+        subprocess.run(
+            [SYSTEM_PYTHON, str(supervise), "stop"], capture_output=True, timeout=90, check=False
+        )
     with contextlib.suppress(KeyError):
         uid = pwd.getpwnam(target.user).pw_uid
         for entry in os.listdir("/proc"):  # only this test's throwaway user runs as that uid
@@ -375,8 +461,11 @@ def _tear_down(target: Host) -> None:
 def test_deploy_over_ssh_shows_each_step_and_stores_the_target(host: Host) -> None:
     first = host.first
     assert first is not None
-    shown = [line.split("]")[1].split(":")[0].strip() for line in first.stdout.splitlines()
-             if line.startswith("[")]
+    shown = [
+        line.split("]")[1].split(":")[0].strip()
+        for line in first.stdout.splitlines()
+        if line.startswith("[")
+    ]
     assert shown == list(STEPS)
     assert "[1/10] preflight: root, Python" in first.stdout
     assert f"next: paddock run -t {NAME} -- CMD" in first.stdout

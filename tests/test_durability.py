@@ -389,3 +389,33 @@ def test_many_concurrent_turns_complete_with_every_byte(target: Target) -> None:
         digests = list(pool.map(one, range(200)))
     assert digests == [expected] * 200
     assert time.monotonic() - started < 300
+
+
+def test_health_config_cause_comes_and_goes_with_the_problem(
+    tmp_path: Path, ca: trustme.CA
+) -> None:
+    settings = make_settings(Path(canonical_path(tmp_path)), ca)
+    missing = Path(settings.roles["builder"].workspaces[0])
+    missing.rmdir()
+    fast = settings.server.model_copy(update={"retention_h": 0.0005})  # re-checks every 0.18 s
+    app = create_app(settings.model_copy(update={"server": fast}))
+
+    async def scenario() -> tuple[set[str], set[str]]:
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://paddock"
+            ) as c,
+        ):
+
+            async def causes() -> set[str]:
+                return {x["cause"] for x in (await c.get("/v1/health")).json()["causes"]}
+
+            before = await causes()
+            missing.mkdir()
+            await asyncio.sleep(0.6)
+            return before, await causes()
+
+    before, after = asyncio.run(scenario())
+    assert "config" in before
+    assert "config" not in after
