@@ -834,19 +834,7 @@ def _fingerprint(pem: str) -> str:
 
 
 def test_deploy_refuses_an_interpreter_the_service_user_cannot_reach() -> None:
-    import importlib.machinery
-    import importlib.util
-
-    loader = importlib.machinery.SourceFileLoader("paddock_deploy_script", str(DEPLOY))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    # dataclasses look their module up by name while the script loads
-    sys.modules[loader.name] = module
-    try:
-        loader.exec_module(module)
-    finally:
-        del sys.modules[loader.name]
+    module = load_deploy()
     # Directly under /tmp, so the private directory is the only one others cannot enter.
     private = Path(tempfile.mkdtemp(prefix="paddock-hidden-", dir="/tmp"))
     try:
