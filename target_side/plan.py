@@ -13,7 +13,7 @@ import posixpath
 import pwd
 import re
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from shared.walk import WalkError, canonical_path, is_within
@@ -115,7 +115,6 @@ class FencePlan:
     stdin_open: bool
     keep_scratch: bool
     script: bytes | None = None
-    env_names: tuple[str, ...] = field(default=())
 
 
 def plan_turn(
@@ -166,7 +165,6 @@ def plan_turn(
         stdin_open=request.stdin == "open",
         keep_scratch=request.keep_scratch,
         script=script,
-        env_names=tuple(sorted(env)),
     )
 
 

@@ -145,10 +145,6 @@ class RunningTurn:
         )
         return cls(proc, status_fd, emit, wall_s, output_bytes, gate)
 
-    @property
-    def pid(self) -> int:
-        return self._proc.pid
-
     async def wait(self) -> Outcome:
         """Stream output until the turn ends (or its wall time runs out), then say how it ended."""
         pumps = asyncio.gather(
@@ -303,11 +299,6 @@ class RunningTurn:
             with contextlib.suppress(OSError):
                 os.close(self._gate.block)
             self._gate.block = -1
-
-    async def running(self) -> bool:
-        """Wait until bwrap has reported its child (or died); True if the fence came up."""
-        await self._status.started.wait()
-        return self._status.child_pid is not None
 
     def signal(self, name: str) -> int:
         """Send ``name`` to every process of the turn; returns how many were signalled."""
