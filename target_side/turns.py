@@ -23,7 +23,7 @@ from target_side import refusals
 from target_side.config import Settings
 from target_side.errors import BackendError, RefusedError, TargetError
 from target_side.health import HealthBoard
-from target_side.launch import find_bwrap, launch_turn
+from target_side.launch import find_bwrap, launch_turn, signal_reset_prefix
 from target_side.ledger import Ledger
 from target_side.limits import Limiter
 from target_side.plan import FencePlan, plan_turn
@@ -112,6 +112,8 @@ class TurnManager:
         for stored in await asyncio.to_thread(lambda: list(self.store.load_all())):
             await self._recover(stored)
         await asyncio.to_thread(self._reap_scratch)
+        # Probed once with a child process: off the event loop, before any turn needs it.
+        await asyncio.to_thread(signal_reset_prefix)
 
     async def _recover(self, stored: StoredTurn) -> None:
         record = TurnRecord(stored, EventSpool(self.store.spool_path(stored.turn.turn_id)))
