@@ -37,22 +37,8 @@ import httpx
 import pytest
 import trustme
 from conftest import events, output, wait_until
+from deploy_support import DEPLOY, REPO, STEPS, SYSTEM_PYTHON
 
-REPO = Path(__file__).resolve().parent.parent
-DEPLOY = REPO / "deploy" / "paddock-deploy"
-SYSTEM_PYTHON = "/usr/bin/python3"
-STEPS = (
-    "preflight",
-    "user",
-    "dirs",
-    "release",
-    "tls",
-    "config",
-    "service",
-    "switch",
-    "restart",
-    "health",
-)
 RESTARTING = {"restart", "health"}
 """Steps after which the server already runs the new release: a rollback restarts the old one."""
 

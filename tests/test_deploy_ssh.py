@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 import trustme
+from deploy_support import REPO, STEPS, SYSTEM_PYTHON
 from sshd import SSHD, Sshd, free_port
 
 from agent_side import cli, targets_file
@@ -47,21 +48,7 @@ from agent_side.errors import UsageError
 from agent_side.ssh import Endpoint
 from agent_side.targets_file import StoredTarget
 
-REPO = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "agent_side.cli"]
-SYSTEM_PYTHON = "/usr/bin/python3"
-STEPS = (
-    "preflight",
-    "user",
-    "dirs",
-    "release",
-    "tls",
-    "config",
-    "service",
-    "switch",
-    "restart",
-    "health",
-)
 NAME = "lab"
 
 needs_host = pytest.mark.skipif(
