@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from target_side.config import RoleConfig, ServerConfig, Settings
-from target_side.server import ServerThread
-from target_side.tls import make_tls_material
+from target_side.service.server import ServerThread
+from target_side.tools.tls import make_tls_material
 
 LOCAL_ROLE = "default"
 

@@ -196,7 +196,7 @@ def _table(samples: list[Sample], sleep_s: float, failures: list[str]) -> str:
             ]
         )
     title = (
-        "3. Target process memory (VmRSS of `python -m target_side.cli serve`; each turn\n"
+        "3. Target process memory (VmRSS of `python -m target_side.tools.cli serve`; each turn\n"
         "   submitted by its own client thread and followed to exit; sampled "
         f"{SETTLE_S:g} s after\n   the last submit answered; turns run `sleep {sleep_s:g}` "
         f"({SUBMIT_ALLOWANCE_S:g} s per turn of the level if\n"

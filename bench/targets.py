@@ -2,7 +2,7 @@
 
 Two shapes: ``embedded_target`` runs the server on a thread of this process
 (``ServerThread``, as the tests do); ``target_process`` runs
-``python -m target_side.cli serve --config FILE`` as a separate process, so
+``python -m target_side.tools.cli serve --config FILE`` as a separate process, so
 its memory can be read and it does not share this process's GIL. Both speak
 TLS; ``target_process(tls=False)`` listens on plain HTTP instead, as a target
 reached only through SSH is deployed.
@@ -26,8 +26,8 @@ from agent_side.errors import AgentError
 from bench.common import PYTHON, REPO, child_env, free_port, stop_process, tail, temp_dir
 from bench.sshd import LocalSsh
 from target_side.config import RoleConfig, RoleLimits, ServerConfig, Settings
-from target_side.server import ServerThread
-from target_side.tls import make_tls_material
+from target_side.service.server import ServerThread
+from target_side.tools.tls import make_tls_material
 
 ROLE = "bench"
 WALL_S = 600
@@ -203,7 +203,7 @@ def _start_serving(
         os.chmod(config, 0o600)
         with open(log, "ab") as out:
             proc = subprocess.Popen(
-                [PYTHON, "-m", "target_side.cli", "serve", "--config", str(config)],
+                [PYTHON, "-m", "target_side.tools.cli", "serve", "--config", str(config)],
                 cwd=REPO,
                 env=child_env(),
                 stdin=subprocess.DEVNULL,

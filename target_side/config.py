@@ -15,8 +15,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
-from target_side.errors import ConfigError
-from target_side.safe_files import UnsafeFileError, read_private
+from target_side.errors import ConfigError, UnsafeFileError
+from target_side.safe_files import read_private
 
 DEFAULT_FENCE_PATH = "/usr/local/bin:/usr/bin:/bin"
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")

@@ -1,9 +1,23 @@
-"""Exceptions of the target side.
+"""Every exception the target side raises on purpose, in one tree.
 
-TargetError (shared.errors.PaddockError)
- ├── ConfigError        the configuration is unusable; the message names the key
- ├── RefusedError       the fence refused a turn; carries the wire ``Refusal``
- └── BackendError       bubblewrap (or the chosen backend) cannot run here
+    TargetError (shared.errors.PaddockError)
+     ├── ConfigError          the configuration is unusable; the message names the key
+     ├── UnsafeFileError      a private file, or a directory above it, could be swapped or read
+     ├── RefusedError         the fence refused a turn; carries the wire ``Refusal``
+     ├── BackendError         bubblewrap cannot run here
+     ├── FilterUnavailable    no seccomp filter can be built on this machine
+     ├── LimitError           a turn's limits could not be put in place; it must not run
+     ├── PathChanged          a checked path is no longer what the check saw
+     ├── ScratchError         a turn's scratch could not be built; nothing of it is left
+     ├── LedgerError          the ledger's chain or head does not check out
+     ├── AuthError            the request carries no usable token (HTTP 401)
+     ├── RoleNotHeld          the token is valid but lacks the role asked for (HTTP 403)
+     ├── UnknownTurn          no turn with that id is visible to the caller (HTTP 404)
+     ├── TurnNotRunning       the turn has ended: it takes no signal or input (HTTP 409)
+     └── StdinClosed          the turn takes no input (HTTP 409)
+
+A refusal is a turn's outcome, not a failure of the target: ``RefusedError``
+only carries one from where a rule is detected to where the turn is recorded.
 """
 
 from shared.errors import PaddockError
@@ -18,6 +32,10 @@ class ConfigError(TargetError):
     """The configuration cannot be used; the message says which key and why."""
 
 
+class UnsafeFileError(TargetError):
+    """A private file, or a directory above it, could be read or replaced by someone else."""
+
+
 class RefusedError(TargetError):
     """The fence refused a turn. Raised by exactly one place per rule."""
 
@@ -28,3 +46,43 @@ class RefusedError(TargetError):
 
 class BackendError(TargetError):
     """The isolation backend is missing or does not work on this host."""
+
+
+class FilterUnavailable(TargetError):
+    """No seccomp filter can be built on this machine; the message says why."""
+
+
+class LimitError(TargetError):
+    """A turn's limits could not be put in place; the turn must not run."""
+
+
+class PathChanged(TargetError):
+    """A component of a checked path is no longer what the check saw."""
+
+
+class ScratchError(TargetError):
+    """Scratch could not be built; nothing of it is left behind."""
+
+
+class LedgerError(TargetError):
+    """The ledger is damaged: a record does not chain to the one before, or the head disagrees."""
+
+
+class AuthError(TargetError):
+    """The request carries no usable token (HTTP 401)."""
+
+
+class RoleNotHeld(TargetError):
+    """The token is valid but does not hold the role asked for (HTTP 403)."""
+
+
+class UnknownTurn(TargetError):
+    """No turn with that id is visible to the caller."""
+
+
+class TurnNotRunning(TargetError):
+    """The turn has ended, so it takes no signal or input."""
+
+
+class StdinClosed(TargetError):
+    """The turn was not started with ``stdin: open``, or its stdin is already closed."""

@@ -14,11 +14,7 @@ import os
 import stat
 from pathlib import Path
 
-from target_side.errors import TargetError
-
-
-class UnsafeFileError(TargetError):
-    """A private file, or a directory above it, could be read or replaced by someone else."""
+from target_side.errors import UnsafeFileError
 
 
 def check_ancestors(path: Path) -> None:

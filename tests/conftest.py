@@ -17,7 +17,7 @@ import trustme
 from shared.walk import canonical_path
 from shared.wire import EVENTS, Event, Turn
 from target_side.config import RoleConfig, RoleLimits, ServerConfig, Settings
-from target_side.server import ServerThread
+from target_side.service.server import ServerThread
 
 BUILDER_TOKEN = "builder-token-for-tests"
 OTHER_TOKEN = "other-token-for-tests"

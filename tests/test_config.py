@@ -11,10 +11,10 @@ import pytest
 from conftest import sha
 
 from shared.walk import canonical_path
-from target_side import config_file
 from target_side.config import load_settings, parse_settings
-from target_side.errors import ConfigError
-from target_side.safe_files import UnsafeFileError, read_private, write_atomic
+from target_side.errors import ConfigError, UnsafeFileError
+from target_side.safe_files import read_private, write_atomic
+from target_side.tools import config_file
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -94,7 +94,7 @@ def test_config_check_reports_every_problem(root: Path) -> None:
 def test_config_check_cli_exit_status(root: Path) -> None:
     good = _write(root / "good.toml", _config_text(root))
     bad = _write(root / "bad.toml", _config_text(root, "nonsense = 1\n"))
-    cli = [sys.executable, "-m", "target_side.cli", "config", "check"]
+    cli = [sys.executable, "-m", "target_side.tools.cli", "config", "check"]
     ok = subprocess.run([*cli, str(good)], capture_output=True, text=True, cwd=REPO, timeout=30)
     assert ok.returncode == 0, ok.stderr
     failed = subprocess.run([*cli, str(bad)], capture_output=True, text=True, cwd=REPO, timeout=30)

@@ -584,6 +584,7 @@ def test_doctor_on_the_deployed_host_says_what_is_enforced(host: Host) -> None:
         timeout=120,
         check=False,
     )
+    assert proc.stdout, proc.stderr
     report = json.loads(proc.stdout)
     assert report["uid"] == host.uid  # root's run re-ran the checks as the server's user
     found = {f["area"]: f for f in report["findings"]}
@@ -601,7 +602,7 @@ def test_doctor_on_the_deployed_host_says_what_is_enforced(host: Host) -> None:
 def test_doctor_names_each_degraded_thing_with_a_fix(
     tmp_path: Path, ca: trustme.CA, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from target_side import doctor
+    from target_side.tools import doctor
 
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     issued = ca.issue_cert("127.0.0.1")

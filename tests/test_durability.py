@@ -34,8 +34,8 @@ from conftest import (
 )
 
 from shared.walk import canonical_path
-from target_side import ledger
-from target_side.app import create_app
+from target_side.service import ledger
+from target_side.service.app import create_app
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -161,7 +161,15 @@ def test_ledger_verify_cli(target: Target, tmp_path: Path) -> None:
     )
     config.chmod(0o600)
     result = subprocess.run(
-        [sys.executable, "-m", "target_side.cli", "ledger", "verify", "--config", str(config)],
+        [
+            sys.executable,
+            "-m",
+            "target_side.tools.cli",
+            "ledger",
+            "verify",
+            "--config",
+            str(config),
+        ],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -294,7 +302,7 @@ def _free_port() -> int:
 
 def _start_target_process(config: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "target_side.cli", "serve", "--config", str(config)],
+        [sys.executable, "-m", "target_side.tools.cli", "serve", "--config", str(config)],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -23,12 +23,12 @@ from shared.walk import canonical_path
 from shared.wire import TurnRequest
 from target_side.config import FenceConfig, RoleConfig, ServerConfig, Settings
 from target_side.errors import RefusedError
-from target_side.launch import find_bwrap, launch_turn
-from target_side.limits import Limiter
-from target_side.plan import plan_turn
-from target_side.runner import Outcome
-from target_side.scratch import build_scratch, remove_scratch
-from target_side.server import ServerThread
+from target_side.fence.launch import find_bwrap, launch_turn
+from target_side.fence.limits import Limiter
+from target_side.fence.runner import Outcome
+from target_side.fence.scratch import build_scratch, remove_scratch
+from target_side.policy.plan import plan_turn
+from target_side.service.server import ServerThread
 
 
 @pytest.fixture

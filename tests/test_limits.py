@@ -16,11 +16,11 @@ from conftest import BUILDER_TOKEN, Target, events, finished, output, run, sha, 
 from shared.walk import canonical_path
 from shared.wire import TurnRequest
 from target_side.config import RoleConfig, ServerConfig, Settings
-from target_side.launch import find_bwrap, launch_turn
-from target_side.limits import Hierarchy, Limiter
-from target_side.plan import EffectiveLimits, plan_turn
-from target_side.runner import Outcome
-from target_side.scratch import build_scratch, remove_scratch
+from target_side.fence.launch import find_bwrap, launch_turn
+from target_side.fence.limits import Hierarchy, Limiter
+from target_side.fence.runner import Outcome
+from target_side.fence.scratch import build_scratch, remove_scratch
+from target_side.policy.plan import EffectiveLimits, plan_turn
 
 PIDS_PROBE = """
 import os, subprocess

@@ -12,7 +12,7 @@ import trustme
 from conftest import output, run, running_target
 
 from shared.walk import canonical_path
-from target_side import syscall_filter
+from target_side.fence import syscall_filter
 
 PROBE = r"""
 import ctypes, errno, json, os, threading

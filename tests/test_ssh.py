@@ -35,7 +35,7 @@ from agent_side.errors import (
     UsageError,
 )
 from shared.walk import canonical_path
-from target_side.server import ServerThread
+from target_side.service.server import ServerThread
 
 CLI = [sys.executable, "-m", "agent_side.cli"]
 REPO = Path(__file__).resolve().parent.parent

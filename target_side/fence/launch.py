@@ -18,13 +18,14 @@ import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from target_side import refusals, syscall_filter
-from target_side.errors import BackendError
-from target_side.held import HeldFence, hold_fence
-from target_side.limits import Limiter, LimitError, TurnLimits
-from target_side.plan import SCRIPT_PATH, FencePlan
-from target_side.runner import Emit, Gate, RunningTurn
-from target_side.scratch import FailureHook, Scratch, no_failure
+from target_side.errors import BackendError, LimitError
+from target_side.fence import syscall_filter
+from target_side.fence.held import HeldFence, hold_fence
+from target_side.fence.limits import Limiter, TurnLimits
+from target_side.fence.runner import Emit, Gate, RunningTurn
+from target_side.fence.scratch import FailureHook, Scratch, no_failure
+from target_side.policy import refusals
+from target_side.policy.plan import SCRIPT_PATH, FencePlan
 
 TRUSTED_BIN_PATH = "/usr/bin:/bin:/usr/local/bin"
 """Where bwrap is looked for: never the server's own $PATH, which the environment could bend."""

@@ -42,7 +42,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from target_side.cgroupfs import (
+from target_side.errors import LimitError
+from target_side.fence.cgroupfs import (
     CONTROLLERS,
     V1_USAGE,
     CgroupMount,
@@ -53,7 +54,7 @@ from target_side.cgroupfs import (
     v2_mount,
     words,
 )
-from target_side.plan import EffectiveLimits
+from target_side.policy.plan import EffectiveLimits
 
 log = logging.getLogger("paddock.target")
 
@@ -63,10 +64,6 @@ SERVER_LEAF = "paddock-server"
 """On cgroup v2 the server moves itself here so its own cgroup may hand controllers down."""
 REMOVE_TRIES = 100
 _TURN_CGROUP = re.compile(rf"{TURN_PREFIX}(\d+)-t-[0-9a-f]+")
-
-
-class LimitError(Exception):
-    """A turn's limits could not be put in place; the turn must not run."""
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from shared.walk import canonical_path, mount_conflict
-from target_side import config_file, syscall_filter
-from target_side.cgroupfs import (
+from target_side.config import Settings
+from target_side.errors import BackendError
+from target_side.fence import syscall_filter
+from target_side.fence.cgroupfs import (
     CONTROLLERS,
     CgroupMount,
     cgroup_mounts,
@@ -43,11 +45,10 @@ from target_side.cgroupfs import (
     v2_mount,
     words,
 )
-from target_side.config import Settings
-from target_side.errors import BackendError
-from target_side.forbidden import ForbiddenEntry, forbidden_for
-from target_side.launch import find_bwrap, probe
-from target_side.turns import MIN_FREE_BYTES
+from target_side.fence.launch import find_bwrap, probe
+from target_side.policy.forbidden import ForbiddenEntry, forbidden_for
+from target_side.service.turns import MIN_FREE_BYTES
+from target_side.tools import config_file
 
 DEFAULT_CONFIG = Path("/etc/paddock/target.toml")
 CERT_RENEW_DAYS = 30
@@ -679,7 +680,7 @@ def _rerun_as_state_owner(config: Path, as_json: bool) -> int | None:
         "--",
         sys.executable,
         "-m",
-        "target_side.cli",
+        "target_side.tools.cli",
         "doctor",
         "--config",
         str(config),

@@ -16,15 +16,12 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from target_side import refusals
-from target_side.plan import FencePlan, Mount
-from target_side.scratch import FailureHook, Scratch, no_failure
+from target_side.errors import PathChanged
+from target_side.fence.scratch import FailureHook, Scratch, no_failure
+from target_side.policy import refusals
+from target_side.policy.plan import FencePlan, Mount
 
 HOLD_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-class PathChanged(Exception):
-    """A component of a checked path is no longer what the check saw."""
 
 
 def open_no_follow(path: str) -> int:

@@ -6,15 +6,7 @@ import hashlib
 import hmac
 
 from target_side.config import Settings
-from target_side.errors import TargetError
-
-
-class AuthError(TargetError):
-    """The request carries no usable token (HTTP 401)."""
-
-
-class RoleNotHeld(TargetError):
-    """The token is valid but does not hold the role asked for (HTTP 403)."""
+from target_side.errors import AuthError, RoleNotHeld
 
 
 def token_sha256(token: str) -> str:

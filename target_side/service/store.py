@@ -16,8 +16,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from shared.wire import Turn, is_turn_id
+from target_side.fence.scratch import remove_tree
 from target_side.safe_files import write_atomic
-from target_side.scratch import remove_tree
 
 log = logging.getLogger("paddock.target")
 RECORD = "record.json"

@@ -15,16 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from target_side.config import Settings
-from target_side.errors import TargetError
-from target_side.forbidden import role_state_dir, scratch_dir
+from target_side.errors import ScratchError
+from target_side.policy.forbidden import role_state_dir, scratch_dir
 from target_side.safe_files import fsync_dir
 
 MANIFEST = "manifest.json"
 STAGING_PREFIX = ".staging-"
-
-
-class ScratchError(TargetError):
-    """Scratch could not be built; nothing of it is left behind."""
 
 
 @dataclass(frozen=True)

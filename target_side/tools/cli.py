@@ -8,11 +8,12 @@ import secrets
 import sys
 from pathlib import Path
 
-from target_side import config_file, ledger
-from target_side.auth import token_sha256
 from target_side.config import load_settings
 from target_side.errors import TargetError
-from target_side.server import serve
+from target_side.service import ledger
+from target_side.service.auth import token_sha256
+from target_side.service.server import serve
+from target_side.tools import config_file
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,7 +113,7 @@ def _mint(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from target_side import doctor  # only this command needs it
+    from target_side.tools import doctor  # only this command needs it
 
     return doctor.run(args.config, as_json=args.json)
 

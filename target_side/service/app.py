@@ -28,15 +28,23 @@ from shared.wire import (
     TurnRequest,
     is_turn_id,
 )
-from target_side import config_file, syscall_filter
-from target_side.auth import AuthError, RoleNotHeld, TokenRoles, require_role
-from target_side.body_limit import BodyLimit
 from target_side.config import Settings
-from target_side.errors import BackendError
-from target_side.health import HealthBoard
-from target_side.launch import probe
-from target_side.scratch import FailureHook, no_failure
-from target_side.turns import StdinClosed, TurnManager, TurnNotRunning, TurnRecord, UnknownTurn
+from target_side.errors import (
+    AuthError,
+    BackendError,
+    RoleNotHeld,
+    StdinClosed,
+    TurnNotRunning,
+    UnknownTurn,
+)
+from target_side.fence import syscall_filter
+from target_side.fence.launch import probe
+from target_side.fence.scratch import FailureHook, no_failure
+from target_side.service.auth import TokenRoles, require_role
+from target_side.service.body_limit import BodyLimit
+from target_side.service.health import HealthBoard
+from target_side.service.turns import TurnManager, TurnRecord
+from target_side.tools import config_file
 
 log = logging.getLogger("paddock.target")
 PROBLEM_JSON = "application/problem+json"

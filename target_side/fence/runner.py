@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 from shared.exit_status import ExitStatus, for_signal, signal_of
 from shared.wire import Refusal
-from target_side import refusals
-from target_side.limits import TurnLimits, Usage
+from target_side.fence.limits import TurnLimits, Usage
+from target_side.policy import refusals
 
 READ_CHUNK = 64 * 1024
 STDERR_TAIL = 4096

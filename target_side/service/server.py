@@ -21,7 +21,7 @@ START_TIMEOUT_S = 15.0
 
 def uvicorn_config(settings: Settings, log_level: str = "info") -> uvicorn.Config:
     """The uvicorn configuration for ``settings``: TLS when configured, no proxy headers."""
-    from target_side.app import create_app
+    from target_side.service.app import create_app
 
     server = settings.server
     return uvicorn.Config(

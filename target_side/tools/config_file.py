@@ -13,10 +13,10 @@ from pathlib import Path
 
 import tomlkit
 
-from target_side.auth import token_sha256
 from target_side.config import Settings, parse_settings
-from target_side.errors import ConfigError
-from target_side.safe_files import UnsafeFileError, read_private, write_atomic
+from target_side.errors import ConfigError, UnsafeFileError
+from target_side.safe_files import read_private, write_atomic
+from target_side.service.auth import token_sha256
 
 
 def check(path: Path) -> tuple[Settings | None, list[str]]:

@@ -19,16 +19,19 @@ from datetime import UTC, datetime
 from typing import Any
 
 from shared.wire import FenceView, PlannedLimits, PlannedMount, PlanResult, Turn, TurnRequest, Usage
-from target_side import refusals
 from target_side.config import Settings
-from target_side.errors import BackendError, RefusedError, TargetError
-from target_side.health import HealthBoard
-from target_side.launch import find_bwrap, launch_turn, signal_reset_prefix
-from target_side.ledger import Ledger
-from target_side.limits import Limiter
-from target_side.plan import FencePlan, plan_turn
-from target_side.runner import Outcome, RunningTurn
-from target_side.scratch import (
+from target_side.errors import (
+    BackendError,
+    RefusedError,
+    StdinClosed,
+    TargetError,
+    TurnNotRunning,
+    UnknownTurn,
+)
+from target_side.fence.launch import find_bwrap, launch_turn, signal_reset_prefix
+from target_side.fence.limits import Limiter
+from target_side.fence.runner import Outcome, RunningTurn
+from target_side.fence.scratch import (
     STAGING_PREFIX,
     FailureHook,
     Scratch,
@@ -37,8 +40,12 @@ from target_side.scratch import (
     remove_scratch,
     remove_tree,
 )
-from target_side.spool import EventSpool, now
-from target_side.store import StoredTurn, TurnStore, expired
+from target_side.policy import refusals
+from target_side.policy.plan import FencePlan, plan_turn
+from target_side.service.health import HealthBoard
+from target_side.service.ledger import Ledger
+from target_side.service.spool import EventSpool, now
+from target_side.service.store import StoredTurn, TurnStore, expired
 
 log = logging.getLogger("paddock.target")
 
@@ -46,18 +53,6 @@ FAILING_AFTER = 3
 """Consecutive turns the target itself failed before health says ``turns-failing``."""
 MIN_FREE_BYTES = 256 << 20
 """Below this much free space under the state root, health says ``disk``."""
-
-
-class UnknownTurn(TargetError):
-    """No turn with that id is visible to the caller."""
-
-
-class TurnNotRunning(TargetError):
-    """The turn has already ended, so it takes no signal or input."""
-
-
-class StdinClosed(TargetError):
-    """The turn was not started with ``stdin: open``, or its stdin is already closed."""
 
 
 @dataclass

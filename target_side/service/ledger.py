@@ -23,16 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from target_side.errors import TargetError
+from target_side.errors import LedgerError
 from target_side.safe_files import write_atomic
 
 GENESIS = "0" * 64
 LEDGER = "ledger.jsonl"
 HEAD = "ledger.head"
-
-
-class LedgerError(TargetError):
-    """The ledger is damaged: a record does not chain to the one before, or the head disagrees."""
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,10 @@ from typing import Literal
 
 from shared.walk import WalkError, canonical_path, is_within
 from shared.wire import Executable, Limits, TurnRequest
-from target_side import refusals
 from target_side.config import RoleConfig, RoleLimits, Settings
 from target_side.errors import RefusedError
-from target_side.forbidden import ForbiddenList, forbidden_for, role_state_dir
+from target_side.policy import refusals
+from target_side.policy.forbidden import ForbiddenList, forbidden_for, role_state_dir
 
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC_ENTRIES = (

@@ -28,6 +28,8 @@ import os
 import stat
 from types import ModuleType
 
+from target_side.errors import FilterUnavailable
+
 SYSTEM_DIST_PACKAGES = "/usr/lib/python3/dist-packages"
 TIOCSTI = 0x5412
 TIOCLINUX = 0x541C
@@ -43,10 +45,6 @@ NEW_MOUNT_API = (
 ENOSYS_CALLS = (*NEW_MOUNT_API, "clone3")
 FOREIGN_ARCHES = ("X86", "X32")
 """Other ABIs an x86-64 kernel runs: each gets the same rules (an unfiltered ABI is a way round)."""
-
-
-class FilterUnavailable(Exception):
-    """No seccomp filter can be built on this machine; the message says why."""
 
 
 @functools.cache

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from shared.wire import Refusal
 from target_side.errors import RefusedError
-from target_side.forbidden import Collision
+from target_side.policy.forbidden import Collision
 
 _CONFLICT_WORDS = {
     "exact": "is the forbidden path",

@@ -1,0 +1,1 @@
+"""Operator tools: the ``paddock-target`` command, ``doctor``, config files and TLS material."""
