@@ -45,7 +45,9 @@ def local_target(workspace: str | None = None) -> Iterator[LocalTarget]:
     workspace = os.path.realpath(workspace or os.getcwd())
     root = Path(tempfile.mkdtemp(prefix="paddock-local-", dir=_private_parent(workspace)))
     try:
-        os.chmod(root, 0o700)
+        # Searchable, not listable: turns run as a uid of their own and reach their home
+        # below it by path; everything in it is private (keys 0600, state 0700 inside).
+        os.chmod(root, 0o711)
         token = secrets.token_urlsafe(32)
         settings = _settings(root, workspace, hashlib.sha256(token.encode()).hexdigest())
         with ServerThread(settings) as server:

@@ -283,7 +283,7 @@ MUTATIONS = (
     Mutation(
         "rlimit-fallback-dropped",
         "target_side/fence/limits.py",
-        "            resource.prlimit(pid, resource.RLIMIT_AS, (memory, memory))",
+        '            flags.append(f"--as={memory}:{memory}")',
         "            pass",
         ("tests/test_limits.py::test_without_cgroups_memory_falls_back_to_a_per_process_rlimit",),
     ),

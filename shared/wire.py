@@ -1,4 +1,4 @@
-"""Wire models of the v1 API (DESIGN.md, "Wire contract").
+"""Wire models of the v1 API (docs/api.md).
 
 Every model forbids unknown fields: a misspelt field is an error that names it,
 never a silently ignored request. Paths a request carries must be absolute;
@@ -40,6 +40,7 @@ RefusalRule = Literal[
     "bad-mount",
 ]
 TurnState = Literal["running", "exited", "refused", "lost"]
+HealthCauseName = Literal["backend", "limits", "disk", "config", "turns-failing", "identity"]
 SignalName = Literal["INT", "TERM", "KILL", "HUP"]
 
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
@@ -83,6 +84,7 @@ class Limits(Wire):
     pids: int | None = Field(default=None, gt=0)
     cpu: float | None = Field(default=None, gt=0)
     output_mb: int | None = Field(default=None, gt=0)
+    scratch_mb: int | None = Field(default=None, gt=0, description="size of the turn's /tmp")
 
 
 class TurnRequest(Wire):
@@ -101,7 +103,6 @@ class TurnRequest(Wire):
     network: Literal["none", "host"] = "none"
     limits: Limits = Field(default_factory=Limits)
     stdin: Literal["closed", "open"] = "closed"
-    keep_scratch: bool = False
 
     @field_validator("argv")
     @classmethod
@@ -262,7 +263,7 @@ class SignalRequest(Wire):
 class HealthCause(Wire):
     """One active reason the target is degraded, with when it began."""
 
-    cause: Literal["backend", "limits", "disk", "config", "turns-failing"]
+    cause: HealthCauseName
     since: datetime
     detail: str
 
@@ -286,13 +287,16 @@ class PlannedMount(Wire):
 
 
 class PlannedLimits(Wire):
-    """The limits a turn would run under (the request's, or the role's maxima)."""
+    """The limits a turn runs under: the request's, or the role's maxima where it asked none."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     wall_s: float
     memory_mb: int
     pids: int
     cpu: float
     output_mb: int
+    scratch_mb: int
 
 
 class FenceView(Wire):
@@ -303,6 +307,7 @@ class FenceView(Wire):
     executable: Executable
     cwd: str
     uid: int
+    gid: int
     network: bool
     mounts: list[PlannedMount]
     env_names: list[str] = Field(description="names only: values may be secrets")

@@ -1,4 +1,4 @@
-"""The target's TOML configuration (DESIGN.md, "Target configuration").
+"""The target's TOML configuration (docs/configuration.md).
 
 Unknown keys and relative paths are errors that name them. ``Settings`` is a
 plain value: ``create_app(settings)`` takes one, and nothing reads a global.
@@ -6,7 +6,10 @@ plain value: ``create_app(settings)`` takes one, and nothing reads a global.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
+import itertools
+import posixpath
 import re
 import tomllib
 from pathlib import Path
@@ -15,10 +18,19 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
+from shared.walk import is_within
 from target_side.errors import ConfigError, UnsafeFileError
 from target_side.safe_files import read_private
 
 DEFAULT_FENCE_PATH = "/usr/local/bin:/usr/bin:/bin"
+DEFAULT_ID_POOL = "1900000000:65536"
+"""Above the ranges that accounts, subordinate ids and container managers usually take."""
+FIXED_KEYS = {
+    "fence.backend": 'paddock always runs turns in bubblewrap ("none" is gone); remove the key',
+    "fence.on_unavailable": 'a target without a working fence refuses turns ("warn" is gone); '
+    "remove the key",
+}
+"""Keys that once had a choice; configs written then still load with the one value left."""
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
@@ -40,12 +52,25 @@ class ServerConfig(_Section):
     tls_key: str | None = None
     state_root: str = "/var/lib/paddock"
     heartbeat_s: float = Field(default=15.0, gt=0)
+    id_pool: str = DEFAULT_ID_POOL
+    """``START:COUNT``: host uids (and gids) for roles that name no ``uid`` of their own."""
     retention_h: float = Field(default=24.0, gt=0)
 
     @field_validator("tls_cert", "tls_key", "state_root")
     @classmethod
     def _paths_absolute(cls, value: str | None) -> str | None:
         return None if value is None else _absolute(value, "path")
+
+    @field_validator("id_pool")
+    @classmethod
+    def _pool_shape(cls, value: str) -> str:
+        split_pool(value)
+        return value
+
+    @property
+    def pool(self) -> tuple[int, int]:
+        """The id pool as (first id, how many)."""
+        return split_pool(self.id_pool)
 
     @field_validator("listen")
     @classmethod
@@ -78,10 +103,18 @@ class ServerConfig(_Section):
 class FenceConfig(_Section):
     """How turns are fenced, for every role."""
 
-    backend: Literal["bubblewrap", "none"] = "bubblewrap"
-    on_unavailable: Literal["fail", "warn"] = "fail"
+    backend: Literal["bubblewrap"] = "bubblewrap"
+    on_unavailable: Literal["fail"] = "fail"
     path: str = DEFAULT_FENCE_PATH
     forbidden: tuple[str, ...] = ()
+    protect: tuple[str, ...] = ()
+    """Names kept read-only inside writable mounts, on top of the built-in list."""
+    scan_limit: int = Field(default=100_000, gt=0)
+    """How many directories of a writable mount are searched for protected names, at most."""
+    launcher: str | None = None
+    """The privileged launcher's socket: how a server that is not root runs turns as role uids."""
+    identity: Literal["per-role", "server"] = "per-role"
+    """``server`` runs every turn as the server's own uid: for a private, single-user target."""
 
     @field_validator("path")
     @classmethod
@@ -90,10 +123,26 @@ class FenceConfig(_Section):
             _absolute(entry, "fence PATH entry")
         return value
 
-    @field_validator("forbidden")
+    @field_validator("forbidden", "launcher")
     @classmethod
-    def _forbidden_absolute(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+    def _forbidden_absolute(
+        cls, value: tuple[str, ...] | str | None
+    ) -> tuple[str, ...] | str | None:
+        if value is None or isinstance(value, str):
+            return None if value is None else _absolute(value, "path")
         return tuple(_absolute(p, "forbidden path") for p in value)
+
+    @field_validator("protect")
+    @classmethod
+    def _protect_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            parts = name.split("/")
+            if name.startswith("/") or any(part in ("", ".", "..") for part in parts):
+                raise ValueError(
+                    f"protect entry {name!r} must be a relative name such as '.envrc' "
+                    "or '.vscode/tasks.json' (no '..', no leading '/')"
+                )
+        return value
 
 
 class RoleLimits(_Section):
@@ -104,6 +153,7 @@ class RoleLimits(_Section):
     pids: int = Field(default=1024, gt=0)
     cpu: float = Field(default=2.0, gt=0)
     output_mb: int = Field(default=256, gt=0)
+    scratch_mb: int = Field(default=1024, gt=0)
 
 
 class RoleConfig(_Section):
@@ -111,6 +161,10 @@ class RoleConfig(_Section):
 
     token_sha256: str
     workspaces: tuple[str, ...] = Field(min_length=1)
+    uid: int | None = Field(default=None, gt=0, lt=2**32 - 1)
+    """The host uid this role's turns run as (default: a slot of ``[server] id_pool``)."""
+    gid: int | None = Field(default=None, gt=0, lt=2**32 - 1)
+    """The host gid (default: the same number as the uid)."""
     allow_network: bool = False
     shared_ro: tuple[str, ...] = ()
     limits: RoleLimits = Field(default_factory=RoleLimits)
@@ -147,9 +201,59 @@ class Settings(_Section):
                 raise ValueError(f"role name {name!r} may use only letters, digits, '_', '.', '-'")
         return roles
 
+    @model_validator(mode="after")
+    def _roles_apart(self) -> Settings:
+        seen: dict[int, str] = {}
+        for name in self.roles:
+            uid, _ = self.role_ids(name)
+            if uid in seen:
+                raise ValueError(
+                    f"roles {seen[uid]!r} and {name!r} would both run as host uid {uid}; "
+                    f"set a distinct uid for one of them ([roles.{name}] uid = ...)"
+                )
+            seen[uid] = name
+        for (a, first), (b, second) in itertools.combinations(self.roles.items(), 2):
+            for x, y in itertools.product(first.workspaces, second.workspaces):
+                nx, ny = posixpath.normpath(x), posixpath.normpath(y)
+                if nx != ny and (is_within(nx, ny) or is_within(ny, nx)):
+                    raise ValueError(
+                        f"workspace {x} of role {a!r} and {y} of role {b!r} overlap; "
+                        "give each role its own directory, or list the very same one in both "
+                        "to share it"
+                    )
+        return self
+
     @property
     def state_root(self) -> Path:
         return Path(self.server.state_root)
+
+    def role_ids(self, role: str) -> tuple[int, int]:
+        """The host uid and gid turns of ``role`` run as.
+
+        A role's own ``uid`` wins; otherwise a slot of the id pool chosen from the
+        role's name, so it is the same on every start and needs no state.
+        """
+        config = self.roles[role]
+        if config.uid is not None:
+            return config.uid, config.gid if config.gid is not None else config.uid
+        first, size = self.server.pool
+        slot = int.from_bytes(hashlib.sha256(role.encode()).digest()[:8], "big") % size
+        uid = first + slot
+        return uid, config.gid if config.gid is not None else uid
+
+
+def split_pool(pool: str) -> tuple[int, int]:
+    """Split ``START:COUNT`` into numbers, refusing a pool that reaches root or past 2**32-2."""
+    start, sep, count = pool.partition(":")
+    if not sep or not start.isdigit() or not count.isdigit():
+        raise ValueError(f"id_pool = {pool!r} is not START:COUNT (e.g. '1900000000:65536')")
+    first, size = int(start), int(count)
+    if first < 1000 or size < 1 or first + size > 2**32 - 2:
+        raise ValueError(
+            f"id_pool = {pool!r} must start at 1000 or above, hold at least one id, "
+            "and end below 4294967294"
+        )
+    return first, size
 
 
 def split_listen(listen: str) -> tuple[str, int]:
@@ -200,8 +304,10 @@ def load_settings(path: str | Path) -> Settings:
 def _describe(error: ErrorDetails) -> str:
     """One problem from pydantic, worded around the TOML key it concerns."""
     key = ".".join(str(part) for part in error["loc"]) or "(top level)"
+    if key in FIXED_KEYS and error["type"] == "literal_error":
+        return f"'{key}': {FIXED_KEYS[key]}"
     if error["type"] == "extra_forbidden":
-        return f"unknown key '{key}' (check its spelling against DESIGN.md)"
+        return f"unknown key '{key}' (check its spelling against docs/configuration.md)"
     if error["type"] == "missing":
         return f"missing key '{key}'"
     message = str(error["msg"]).removeprefix("Value error, ")

@@ -8,7 +8,8 @@
      ├── FilterUnavailable    no seccomp filter can be built on this machine
      ├── LimitError           a turn's limits could not be put in place; it must not run
      ├── PathChanged          a checked path is no longer what the check saw
-     ├── ScratchError         a turn's scratch could not be built; nothing of it is left
+     ├── HomeError            a role's home could not be made or repaired
+     ├── LauncherError        the privileged launcher refused or could not be reached
      ├── LedgerError          the ledger's chain or head does not check out
      ├── AuthError            the request carries no usable token (HTTP 401)
      ├── RoleNotHeld          the token is valid but lacks the role asked for (HTTP 403)
@@ -60,8 +61,12 @@ class PathChanged(TargetError):
     """A component of a checked path is no longer what the check saw."""
 
 
-class ScratchError(TargetError):
-    """Scratch could not be built; nothing of it is left behind."""
+class HomeError(TargetError):
+    """A role's home could not be made or repaired; no turn of the role can run until it is."""
+
+
+class LauncherError(TargetError):
+    """The privileged launcher refused a request, or could not be reached."""
 
 
 class LedgerError(TargetError):

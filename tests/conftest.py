@@ -6,6 +6,7 @@ import hashlib
 import os
 import ssl
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +16,14 @@ import pytest
 import trustme
 
 from shared.walk import canonical_path
-from shared.wire import EVENTS, Event, Turn
+from shared.wire import EVENTS, Event, Turn, TurnRequest
 from target_side.config import RoleConfig, RoleLimits, ServerConfig, Settings
+from target_side.fence.held import no_failure
+from target_side.fence.home import open_state_root, prepare_home
+from target_side.fence.launch import find_bwrap, launch_turn
+from target_side.fence.limits import Limiter
+from target_side.fence.runner import Outcome
+from target_side.policy.plan import plan_turn
 from target_side.service.server import ServerThread
 
 BUILDER_TOKEN = "builder-token-for-tests"
@@ -42,14 +49,77 @@ class Target:
         return httpx.Client(base_url=self.url, verify=verify, headers=headers, timeout=30)
 
 
+@pytest.fixture
+def tmp_path(tmp_path: Path) -> Path:
+    """pytest's own, searchable by every uid: turns reach what they mount by path."""
+    return reachable(tmp_path)
+
+
 @pytest.fixture(scope="session")
 def ca() -> trustme.CA:
     return trustme.CA()
 
 
+def reachable(path: Path) -> Path:
+    """Let every uid search ``path`` and the directories above it (pytest makes them 0700).
+
+    Turns run as their role's own uid, and bubblewrap reaches what it mounts by path.
+    """
+    for directory in (path, *path.parents):
+        mode = directory.stat().st_mode
+        if not mode & 0o001:
+            directory.chmod((mode & 0o7777) | 0o011)
+    return path
+
+
+def owned_by_role(path: Path, settings: Settings, role: str = "builder") -> Path:
+    """Hand ``path`` to ``role``'s host uid, as an operator (or deploy) does for a workspace."""
+    uid, gid = settings.role_ids(role)
+    os.chown(path, uid, gid)
+    path.chmod(0o700)
+    return path
+
+
+def local_settings(root: Path, **role: object) -> Settings:
+    """Plain-HTTP settings with one role, ``builder``, owning ``root/ws`` (made here)."""
+    reachable(root)
+    workspace = root / "ws"
+    workspace.mkdir(exist_ok=True)
+    config = RoleConfig(token_sha256=sha(BUILDER_TOKEN), workspaces=(str(workspace),), **role)
+    settings = Settings(
+        server=ServerConfig(listen="127.0.0.1:0", state_root=str(root / "state")),
+        roles={"builder": config},
+    )
+    owned_by_role(workspace, settings)
+    return settings
+
+
+async def launch_planned(
+    settings: Settings,
+    request: TurnRequest,
+    *,
+    inject: Callable[[str], None] = no_failure,
+    limiter: Limiter | None = None,
+) -> tuple[Outcome, list[tuple[str, dict[str, object]]]]:
+    """Plan, prepare and launch one turn without a server, as the turn manager does."""
+    plan = plan_turn(request, settings, f"t-{uuid.uuid4().hex}")
+    open_state_root(settings.state_root)
+    prepare_home(settings.state_root, plan.role, plan.uid, plan.gid)
+    seen: list[tuple[str, dict[str, object]]] = []
+    running = await launch_turn(
+        find_bwrap(),
+        plan,
+        lambda kind, **f: seen.append((kind, f)),
+        limiter if limiter is not None else Limiter.detect(),
+        inject,
+    )
+    return await running.wait(), seen
+
+
 def make_settings(root: Path, ca: trustme.CA, **role_overrides: object) -> Settings:
     """Settings for a TLS target whose state and one workspace live under ``root``."""
     root.mkdir(parents=True, exist_ok=True)
+    reachable(root)
     workspace = root / "ws"
     workspace.mkdir(exist_ok=True)
     cert = ca.issue_cert("127.0.0.1")
@@ -65,7 +135,7 @@ def make_settings(root: Path, ca: trustme.CA, **role_overrides: object) -> Setti
         **role_overrides,
     )
     other = RoleConfig(token_sha256=sha(OTHER_TOKEN), workspaces=(canonical_path(workspace),))
-    return Settings(
+    settings = Settings(
         server=ServerConfig(
             listen="127.0.0.1:0",
             tls_cert=str(cert_file),
@@ -75,6 +145,8 @@ def make_settings(root: Path, ca: trustme.CA, **role_overrides: object) -> Setti
         ),
         roles={"builder": builder, "other": other},
     )
+    owned_by_role(workspace, settings)
+    return settings
 
 
 @pytest.fixture(scope="session")

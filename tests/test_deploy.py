@@ -377,7 +377,7 @@ def test_deploy_first_run_installs_everything_and_serves_health_over_tls(host: H
 def test_deploy_files_are_owned_and_private_as_the_server_needs(host: Host) -> None:
     uid, gid = pwd.getpwnam(host.user).pw_uid, grp.getgrnam(host.user).gr_gid
     expect = {
-        host.state: (uid, 0o700),
+        host.state: (uid, 0o711),  # searchable: turns reach their home by path
         host.config: (0, 0o640),
         host.config_dir / "tls" / "key.pem": (uid, 0o600),
         host.ca: (0, 0o644),

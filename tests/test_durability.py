@@ -179,48 +179,13 @@ def test_ledger_verify_cli(target: Target, tmp_path: Path) -> None:
     assert result.stdout.startswith("ledger ok:")
 
 
-@pytest.mark.parametrize("seam", ["prepare", "write-manifest", "rename"])
-def test_scratch_failure_at_each_seam_leaves_nothing(
-    tmp_path: Path, ca: trustme.CA, seam: str
-) -> None:
-    def fail_at(step: str) -> None:
-        if step == seam:
-            raise OSError(f"injected failure at {step}")
-
-    settings = make_settings(Path(canonical_path(tmp_path)), ca)
-    app = create_app(settings, inject=fail_at)
-    transport = httpx.ASGITransport(app=app)
-
-    async def scenario() -> dict[str, object]:
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(
-                transport=transport,
-                base_url="http://paddock",
-                headers={"Authorization": f"Bearer {BUILDER_TOKEN}"},
-            ) as c,
-        ):
-            response = await c.post(
-                "/v1/turns", json={"role": "builder", "argv": ["touch", str(tmp_path / "ran")]}
-            )
-            return response.json()
-
-    turn = asyncio.run(scenario())
-    assert turn["state"] == "refused"
-    assert turn["exit_code"] == 126
-    assert seam in turn["refusal"]["detail"]
-    scratch = settings.state_root / "scratch"
-    assert not scratch.exists() or list(scratch.iterdir()) == []
-    assert not (tmp_path / "ran").exists()
-
-
 def test_health_turns_failing_set_by_failures_and_cleared_only_by_a_good_turn(
     tmp_path: Path, ca: trustme.CA
 ) -> None:
     failing = {"on": True}
 
     def fail(step: str) -> None:
-        if failing["on"] and step == "prepare":
+        if failing["on"] and step == "check-to-open":
             raise OSError("disk on fire")
 
     settings = make_settings(Path(canonical_path(tmp_path)), ca)
@@ -343,7 +308,6 @@ def test_kill_9_of_the_target_loses_the_turn_but_not_its_output(
             server.wait(timeout=10)
             # bwrap dies with its parent, and the kernel takes the pid namespace with it.
             assert wait_until(lambda: not processes_with("sleep", marker))
-            assert (state / "scratch" / turn["turn_id"]).exists()
     finally:
         server.kill()
         server.wait()
@@ -364,7 +328,6 @@ def test_kill_9_of_the_target_loses_the_turn_but_not_its_output(
     assert again["exit_code"] == 125
     assert output(evs) == "before\n"
     assert evs[-1].kind == "exit" and evs[-1].exit_code == 125
-    assert not (state / "scratch" / turn["turn_id"]).exists()
     assert ledger.verify(state).count >= 2
 
 

@@ -17,16 +17,13 @@ from pathlib import Path
 
 import pytest
 import trustme
-from conftest import BUILDER_TOKEN, Target, make_settings, sha
+from conftest import Target, launch_planned, local_settings, make_settings
 
 from shared.walk import canonical_path
 from shared.wire import TurnRequest
-from target_side.config import FenceConfig, RoleConfig, ServerConfig, Settings
+from target_side.config import FenceConfig, Settings
 from target_side.errors import RefusedError
-from target_side.fence.launch import find_bwrap, launch_turn
-from target_side.fence.limits import Limiter
 from target_side.fence.runner import Outcome
-from target_side.fence.scratch import build_scratch, remove_scratch
 from target_side.policy.plan import plan_turn
 from target_side.service.server import ServerThread
 
@@ -38,34 +35,15 @@ def root(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def settings(root: Path) -> Settings:
-    (root / "ws").mkdir()
-    builder = RoleConfig(token_sha256=sha(BUILDER_TOKEN), workspaces=(str(root / "ws"),))
-    return Settings(
-        server=ServerConfig(listen="127.0.0.1:0", state_root=str(root / "state")),
-        roles={"builder": builder},
-    )
+    return local_settings(root)
 
 
 async def _run(
     settings: Settings, request: dict[str, object], inject: Callable[[str], None]
 ) -> tuple[Outcome, str]:
     """Plan, build and launch one turn with ``inject`` at the seams; its outcome and stdout."""
-    turn_id = f"t-{uuid.uuid4().hex}"
-    plan = plan_turn(TurnRequest.model_validate({"role": "builder", **request}), settings, turn_id)
-    scratch = build_scratch(settings, "builder", turn_id)
-    seen: list[tuple[str, dict[str, object]]] = []
-    try:
-        running = await launch_turn(
-            find_bwrap(),
-            plan,
-            scratch,
-            lambda kind, **f: seen.append((kind, f)),
-            Limiter.detect(),
-            inject,
-        )
-        outcome = await running.wait()
-    finally:
-        remove_scratch(scratch)
+    full = TurnRequest.model_validate({"role": "builder", **request})
+    outcome, seen = await launch_planned(settings, full, inject=inject)
     return outcome, "".join(str(f.get("data", "")) for kind, f in seen if kind == "stdout")
 
 

@@ -6,21 +6,25 @@ import os
 import subprocess
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import httpx
 import pytest
-from conftest import BUILDER_TOKEN, Target, events, finished, output, run, sha, submit, wait_until
+from conftest import (
+    Target,
+    events,
+    finished,
+    launch_planned,
+    local_settings,
+    output,
+    run,
+    submit,
+    wait_until,
+)
 
 from shared.walk import canonical_path
-from shared.wire import TurnRequest
-from target_side.config import RoleConfig, ServerConfig, Settings
-from target_side.fence.launch import find_bwrap, launch_turn
+from shared.wire import PlannedLimits, TurnRequest
 from target_side.fence.limits import Hierarchy, Limiter
-from target_side.fence.runner import Outcome
-from target_side.fence.scratch import build_scratch, remove_scratch
-from target_side.policy.plan import EffectiveLimits, plan_turn
 
 PIDS_PROBE = """
 import os, subprocess
@@ -146,28 +150,9 @@ def test_turn_cgroups_are_removed_when_turns_end(client: httpx.Client) -> None:
 
 
 async def test_without_cgroups_memory_falls_back_to_a_per_process_rlimit(tmp_path: Path) -> None:
-    root = Path(canonical_path(tmp_path))
-    ws = root / "ws"
-    ws.mkdir()
-    settings = Settings(
-        server=ServerConfig(listen="127.0.0.1:0", state_root=str(root / "state")),
-        roles={"builder": RoleConfig(token_sha256=sha(BUILDER_TOKEN), workspaces=(str(ws),))},
-    )
+    settings = local_settings(Path(canonical_path(tmp_path)))
     request = TurnRequest(role="builder", argv=["python3", "-c", HOG], limits={"memory_mb": 64})
-    plan = plan_turn(request, settings, f"t-{uuid.uuid4().hex}")
-    scratch = build_scratch(settings, "builder", plan.turn_id)
-    seen: list[tuple[str, dict[str, object]]] = []
-    try:
-        running = await launch_turn(
-            find_bwrap(),
-            plan,
-            scratch,
-            lambda kind, **f: seen.append((kind, f)),
-            Limiter(()),
-        )
-        outcome: Outcome = await running.wait()
-    finally:
-        remove_scratch(scratch)
+    outcome, seen = await launch_planned(settings, request, limiter=Limiter(()))
     stderr = "".join(str(f.get("data", "")) for kind, f in seen if kind == "stderr")
     assert outcome.exit_code == 1
     assert "MemoryError" in stderr
@@ -177,8 +162,8 @@ def test_without_cgroups_health_names_each_degraded_limit() -> None:
     degraded = Limiter(()).degraded() or ""
     assert "memory_mb limits each process's address space (RLIMIT_AS)" in degraded
     assert "cpu is not enforced" in degraded
-    if os.getuid() == 0:
-        assert "RLIMIT_NPROC does not bind root" in degraded
+    # Turns run as their role's own uid, never root: RLIMIT_NPROC binds them (as a role).
+    assert "pids limits all processes of the role's uid (RLIMIT_NPROC)" in degraded
 
 
 def _fake_v2(tmp_path: Path) -> tuple[Path, Path]:
@@ -202,7 +187,10 @@ def test_cgroup_v2_delegated_subtree_is_detected_and_written(tmp_path: Path) -> 
     assert limiter.degraded() is None
     # The server left its own cgroup for a leaf, so the controllers could be handed down.
     assert (base / "paddock-server" / "cgroup.procs").read_text() == f"{os.getpid()}\n"
-    turn = limiter.for_turn("t-" + "a" * 32, EffectiveLimits(60, 64, 32, 0.5, 1))
+    turn = limiter.for_turn(
+        "t-" + "a" * 32,
+        PlannedLimits(wall_s=60, memory_mb=64, pids=32, cpu=0.5, output_mb=1, scratch_mb=1),
+    )
     (cgroup,) = turn.dirs
     assert cgroup.parent == base
     written = {f.name: f.read_text() for f in cgroup.iterdir()}

@@ -86,8 +86,9 @@ def test_turn_leaves_no_background_process_behind(client: httpx.Client) -> None:
 def test_turn_bwrap_setup_failure_is_126_not_1(client: httpx.Client, target: Target) -> None:
     secret = target.workspace / "token.txt"
     secret.write_text("x")
-    # A destination inside the new /proc cannot be created: bubblewrap fails before the command.
-    turn, _ = run(client, ["true"], secrets=[f"{secret}:/proc/paddock-secret"])
+    # A destination inside the read-only /usr cannot be created: bubblewrap fails before the
+    # command, with its own exit status 1.
+    turn, _ = run(client, ["true"], secrets=[f"{secret}:/usr/paddock-secret"])
     assert turn.exit_code == 126
     assert turn.state == "refused"
     assert turn.refusal is not None and "bubblewrap" in turn.refusal.detail
@@ -180,10 +181,19 @@ def test_scratch_is_removed_after_the_turn(client: httpx.Client, target: Target)
     assert not os.path.exists("/tmp/left-behind")
 
 
-def test_keep_scratch_keeps_it(client: httpx.Client, target: Target) -> None:
-    turn, _ = run(client, ["sh", "-c", "echo kept > /tmp/kept"], keep_scratch=True)
-    scratch = target.settings.state_root / "scratch" / turn.turn_id
-    assert (scratch / "tmp" / "kept").read_text() == "kept\n"
+def test_scratch_is_sized_memory_that_goes_with_the_turn(client: httpx.Client) -> None:
+    fill = "head -c 3145728 /dev/zero > /tmp/big; echo $?; du -k /tmp/big; stat -f -c %T /tmp"
+    turn, evs = run(client, ["sh", "-c", fill], limits={"scratch_mb": 2})
+    status, size, fstype = output(evs).split("\n")[:3]
+    assert (turn.exit_code, status, size.split()[0], fstype) == (0, "1", "2048", "tmpfs")
+    # The next turn's /tmp is new, and nothing of this one was ever on the target's disk.
+    again, evs = run(client, ["sh", "-c", "test -e /tmp/big; echo $?"])
+    assert (again.exit_code, output(evs)) == (0, "1\n")
+
+
+def test_scratch_above_the_roles_maximum_is_refused(client: httpx.Client) -> None:
+    turn, _ = run(client, ["true"], limits={"scratch_mb": 1 << 20})
+    assert turn.refusal is not None and turn.refusal.rule == "limit-exceeds-role"
 
 
 def test_turn_signal_works_even_if_the_server_ignores_it(client: httpx.Client) -> None:

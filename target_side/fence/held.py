@@ -14,14 +14,23 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from target_side import trust
 from target_side.errors import PathChanged
-from target_side.fence.scratch import FailureHook, Scratch, no_failure
 from target_side.policy import refusals
-from target_side.policy.plan import FencePlan, Mount
+from target_side.policy.mounts import Mount
+from target_side.policy.plan import FencePlan
 
 HOLD_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+
+FailureHook = Callable[[str], None]
+"""Called with each seam's name before it is crossed; tests raise from it or swap paths."""
+
+
+def no_failure(step: str) -> None:
+    return None
 
 
 def open_no_follow(path: str) -> int:
@@ -72,22 +81,20 @@ class HeldFence:
     """Descriptors for everything a fence mounts from the host, in the plan's order."""
 
     mounts: list[int | None] = field(default_factory=list)
-    tmp: int = -1
-    cache: int = -1
     exe: int = -1
 
     def fds(self) -> tuple[int, ...]:
-        found = [*self.mounts, self.tmp, self.cache, self.exe]
+        found = [*self.mounts, self.exe]
         return tuple(fd for fd in found if fd is not None and fd >= 0)
 
     def close(self) -> None:
         """Close every descriptor (bubblewrap has its own copies once it is spawned)."""
         for fd in self.fds():
             _close(fd)
-        self.mounts, self.tmp, self.cache, self.exe = [], -1, -1, -1
+        self.mounts, self.exe = [], -1
 
 
-def hold_fence(plan: FencePlan, scratch: Scratch, inject: FailureHook = no_failure) -> HeldFence:
+def hold_fence(plan: FencePlan, inject: FailureHook = no_failure) -> HeldFence:
     """Open every mount source and the executable; on a change, refuse with ``path-changed``.
 
     ``inject`` is called with ``check-to-open`` first: the seam between the plan's
@@ -97,11 +104,7 @@ def hold_fence(plan: FencePlan, scratch: Scratch, inject: FailureHook = no_failu
     held = HeldFence()
     try:
         for mount in plan.mounts:
-            held.mounts.append(_hold_mount(mount))
-        # Scratch is the target's own, built after the plan: no identity to compare, but
-        # it is still opened without following a symlink.
-        held.tmp = _hold_or_refuse(str(scratch.tmp), None, "scratch")
-        held.cache = _hold_or_refuse(str(scratch.cache), None, "scratch")
+            held.mounts.append(_hold_mount(mount, plan))
         held.exe = hold_executable(plan)
     except BaseException:
         held.close()
@@ -109,11 +112,27 @@ def hold_fence(plan: FencePlan, scratch: Scratch, inject: FailureHook = no_failu
     return held
 
 
-def _hold_mount(mount: Mount) -> int | None:
+def _hold_mount(mount: Mount, plan: FencePlan) -> int | None:
     if mount.kind == "symlink":
         return None
     identity = None if mount.dev is None or mount.ino is None else (mount.dev, mount.ino)
-    return _hold_or_refuse(mount.source, identity, mount.subject)
+    fd = _hold_or_refuse(mount.source, identity, mount.subject)
+    if mount.subject == "roles.home":
+        _check_home(fd, mount, plan)
+    return fd
+
+
+def _check_home(fd: int, mount: Mount, plan: FencePlan) -> None:
+    """The home bound writable must be the role's own directory, whatever made it so."""
+    st = os.fstat(fd)
+    if not stat.S_ISDIR(st.st_mode) or (st.st_uid, st.st_gid) != (plan.uid, plan.gid):
+        _close(fd)
+        raise refusals.path_changed(
+            mount.subject,
+            mount.source,
+            mount.source,
+            f"it is not a directory of uid {plan.uid} and gid {plan.gid}",
+        )
 
 
 def _hold_or_refuse(path: str, identity: tuple[int, int] | None, subject: str) -> int:
@@ -135,17 +154,17 @@ def hold_executable(plan: FencePlan) -> int:
     except PathChanged as exc:
         raise refusals.path_changed("argv[0]", plan.argv[0], exe.path, str(exc)) from exc
     st = os.fstat(fd)
-    problem = _unrunnable(st)
+    problem = _unrunnable(st, plan.uid)
     if problem is not None:
         os.close(fd)
         raise refusals.path_changed("argv[0]", plan.argv[0], exe.path) from PathChanged(problem)
     return fd
 
 
-def _unrunnable(st: os.stat_result) -> str | None:
+def _unrunnable(st: os.stat_result, uid: int) -> str | None:
     if not stat.S_ISREG(st.st_mode) or not st.st_mode & 0o111:
         return "is no longer an executable regular file"
-    if st.st_mode & 0o022 or st.st_uid not in {0, os.getuid()}:
+    if trust.file_problem(st, uid) is not None:
         return "has become writable by others or changed owner"
     return None
 

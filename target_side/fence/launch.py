@@ -1,9 +1,18 @@
-"""Launching a planned fence: bubblewrap's command line and the descriptors it inherits.
+"""Launching a planned fence: bubblewrap's command line, its descriptors, and its identity.
 
-The only module that knows bwrap's flags. Every host path reaches bubblewrap
-as a descriptor held since it was checked (``held``), the system-call filter
-as an in-memory file, and the fence waits at ``--block-fd`` until the runner
-has put it into the turn's limits.
+The only module that knows bwrap's flags and words. Every host path reaches
+bubblewrap as a descriptor held since it was checked (``held``), the
+system-call filter as an in-memory file, and the fence waits at ``--block-fd``
+until the runner has put it into the turn's limits.
+
+bubblewrap never runs as root or as the server: it is started as the role's
+own uid and gid, with no supplementary groups, so everything it and the turn
+do on the host (files created, sockets connected, processes signalled) meets
+the kernel's permission checks as that uid. It runs under a fixed minimal
+environment; the turn's variables, and every option, reach it through a
+descriptor (``--args``): not through its environment, where a declared
+``LD_PRELOAD`` would load into bubblewrap itself, and not on its command line,
+where any user of the host could read them.
 """
 
 from __future__ import annotations
@@ -12,30 +21,34 @@ import asyncio
 import contextlib
 import functools
 import os
-import posixpath
 import shutil
 import subprocess
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 
+from shared.wire import Refusal
 from target_side.errors import BackendError, LimitError
 from target_side.fence import syscall_filter
-from target_side.fence.held import HeldFence, hold_fence
+from target_side.fence.held import FailureHook, HeldFence, hold_fence, no_failure
 from target_side.fence.limits import Limiter, TurnLimits
 from target_side.fence.runner import Emit, Gate, RunningTurn
-from target_side.fence.scratch import FailureHook, Scratch, no_failure
 from target_side.policy import refusals
+from target_side.policy.mounts import Mount
 from target_side.policy.plan import SCRIPT_PATH, FencePlan
 
 TRUSTED_BIN_PATH = "/usr/bin:/bin:/usr/local/bin"
 """Where bwrap is looked for: never the server's own $PATH, which the environment could bend."""
 
 BWRAP_ENV = {"PATH": TRUSTED_BIN_PATH}
+"""All the environment bubblewrap itself gets."""
+
+TURN_UMASK = 0o022
+"""One umask for every turn, whatever the server was started with."""
 
 
 @dataclass(frozen=True)
 class LaunchFds:
-    """Descriptors bubblewrap inherits: status, the gate, the script, the filter, held paths."""
+    """Descriptors bubblewrap inherits: options, status, the gate, script, filter, held paths."""
 
     status: int
     block: int
@@ -46,9 +59,11 @@ class LaunchFds:
     held: HeldFence
     script: int | None = None
     seccomp: int | None = None
+    args: int | None = None
+    """bubblewrap's ``--args`` file, made last: it names all the others."""
 
     def passed(self) -> tuple[int, ...]:
-        own = (self.status, self.block, self.gate, self.script, self.seccomp)
+        own = (self.args, self.status, self.block, self.gate, self.script, self.seccomp)
         return (*(fd for fd in own if fd is not None), *self.held.fds())
 
 
@@ -57,8 +72,7 @@ def find_bwrap() -> str:
     found = shutil.which("bwrap", path=TRUSTED_BIN_PATH)
     if found is None:
         raise BackendError(
-            "bubblewrap (bwrap) is not installed; install it (apt-get install bubblewrap) "
-            'or set [fence] backend = "none" to run turns without isolation'
+            "bubblewrap (bwrap) is not installed; install it (apt-get install bubblewrap)"
         )
     return found
 
@@ -80,22 +94,18 @@ def signal_reset_prefix() -> tuple[str, ...]:
     return (env, "--default-signal", "--") if probe.returncode == 0 else ()
 
 
-def bwrap_argv(bwrap: str, plan: FencePlan, fds: LaunchFds) -> list[str]:
-    """The full argv: namespaces and identity, then mounts in an order where later ones win."""
+def bwrap_options(plan: FencePlan, fds: LaunchFds) -> list[str]:
+    """Every option, in an order where later mounts win; handed over by ``--args``."""
     return [
-        *signal_reset_prefix(),
-        bwrap,
         *_namespaces(plan),
         "--json-status-fd",
         str(fds.status),
         "--block-fd",
         str(fds.block),
         *(["--seccomp", str(fds.seccomp)] if fds.seccomp is not None else []),
-        *_base_mounts(fds.held),
+        *_environment(plan),
+        *_base_mounts(plan),
         *_planned_mounts(plan, fds.held),
-        "--bind-fd",
-        str(fds.held.cache),
-        posixpath.join(plan.home, ".cache"),
         # Last, so nothing mounted later can cover it: the inode executed is the one checked.
         "--ro-bind-fd",
         str(fds.held.exe),
@@ -103,14 +113,25 @@ def bwrap_argv(bwrap: str, plan: FencePlan, fds: LaunchFds) -> list[str]:
         *_script_mount(fds),
         "--chdir",
         plan.cwd,
+    ]
+
+
+def bwrap_argv(
+    bwrap: str, plan: FencePlan, fds: LaunchFds, prefix: Sequence[str] = ()
+) -> list[str]:
+    """What the host's process table shows: bwrap, its options' descriptor, the command."""
+    return [
+        *signal_reset_prefix(),
+        *prefix,
+        bwrap,
+        "--args",
+        str(fds.args),
         "--",
         *plan.argv,
     ]
 
 
 def _namespaces(plan: FencePlan) -> list[str]:
-    # As root, bwrap would otherwise hand the child full capabilities in its namespace,
-    # enough to remount a read-only bind writable: drop them all and run as non-root.
     flags = ["--unshare-all", "--unshare-user", "--disable-userns"]
     if plan.network:
         flags.append("--share-net")
@@ -129,15 +150,44 @@ def _namespaces(plan: FencePlan) -> list[str]:
     ]
 
 
-def _base_mounts(held: HeldFence) -> list[str]:
+def _environment(plan: FencePlan) -> list[str]:
+    pairs: list[str] = ["--clearenv"]
+    for name, value in plan.env.items():
+        pairs += ["--setenv", name, value]
+    return pairs
+
+
+def _base_mounts(plan: FencePlan) -> list[str]:
     # /tmp first: planned mounts under /tmp (a workspace there) must land on top of it.
-    return ["--proc", "/proc", "--dev", "/dev", "--bind-fd", str(held.tmp), "/tmp"]  # noqa: S108 - inside the fence, backed by scratch
+    return [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--perms",
+        "1777",
+        "--size",
+        str(plan.limits.scratch_mb << 20),
+        "--tmpfs",
+        "/tmp",  # noqa: S108 - inside the fence: the turn's own memory-backed scratch
+    ]
+
+
+def mount_order(mounts: Sequence[Mount]) -> list[int]:
+    """Indexes of ``mounts`` with every mount after those whose destination contains it.
+
+    bubblewrap mounts in order; a read-only ``fs.read`` of a parent listed after
+    the writable cwd would otherwise cover it. Stable, so equal depths keep the
+    plan's order (protections over the mount they protect).
+    """
+    return sorted(range(len(mounts)), key=lambda i: mounts[i].dest.rstrip("/").count("/"))
 
 
 def _planned_mounts(plan: FencePlan, held: HeldFence) -> list[str]:
     flags = {"ro": "--ro-bind-fd", "rw": "--bind-fd"}
     argv: list[str] = []
-    for mount, fd in zip(plan.mounts, held.mounts, strict=True):
+    for i in mount_order(plan.mounts):
+        mount, fd = plan.mounts[i], held.mounts[i]
         if mount.kind == "symlink" or fd is None:
             argv += ["--symlink", mount.source, mount.dest]
         else:
@@ -151,23 +201,44 @@ def _script_mount(fds: LaunchFds) -> list[str]:
     return ["--ro-bind-data", str(fds.script), SCRIPT_PATH]
 
 
-def script_fd(body: bytes) -> int:
-    """A sealed in-memory file holding ``body``, for bwrap to copy into the fence."""
-    fd = os.memfd_create("paddock-script", os.MFD_CLOEXEC)
-    os.write(fd, body)
+def memory_file(name: str, data: bytes) -> int:
+    """An in-memory file holding ``data``, read from its start by whoever inherits it."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
+
+
+def args_fd(options: Sequence[str]) -> int:
+    """bubblewrap's ``--args`` file: every option, NUL-terminated."""
+    return memory_file("paddock-args", b"".join(o.encode() + b"\0" for o in options))
+
+
+def explain_setup_failure(stderr_tail: bytes) -> Refusal:
+    """The refusal for a bubblewrap that failed before the command ran, from its own words."""
+    tail = stderr_tail.decode(errors="replace").strip().splitlines()
+    last = tail[-1] if tail else "no message"
+    if "execvp" in last:
+        why = f"could not be executed in the fence ({last})"
+        return refusals.not_executable("argv[0]", "", why).refusal
+    if "Race condition binding dirfd" in last or "Can't find source path /proc/self/fd/" in last:
+        # A held source was replaced or unlinked (a package upgrade, useradd rewriting
+        # /etc/passwd) between bwrap resolving its descriptor and mounting it.
+        return refusals.path_changed("fence", None, None, f"bubblewrap: {last}").refusal
+    why = f"bubblewrap could not set up the fence: {last}"
+    return refusals.backend_unavailable(why).refusal
 
 
 async def launch_turn(
     bwrap: str,
     plan: FencePlan,
-    scratch: Scratch,
     emit: Emit,
     limiter: Limiter,
     inject: FailureHook = no_failure,
 ) -> RunningTurn:
-    """Hold every checked path, set up limits and filter, and start bubblewrap.
+    """Hold every checked path, set up limits and filter, and start bubblewrap as the role.
 
     ``inject`` is called with ``check-to-open`` (before the paths are opened)
     and ``open-to-launch`` (after, just before bubblewrap starts): the seams
@@ -177,33 +248,25 @@ async def launch_turn(
     opened: list[int] = []
     limits: TurnLimits | None = None
     try:
-        held = hold_fence(plan, scratch, inject)
+        held = hold_fence(plan, inject)
         opened += held.fds()
         limits = limiter.for_turn(plan.turn_id, plan.limits)
-        status_read, status_write = os.pipe()
-        opened += (status_read, status_write)
-        block_read, block_write = os.pipe()
-        opened += (block_read, block_write)
+        status_read, status_write = _pipe(opened)
+        block_read, block_write = _pipe(opened)
+        script = memory_file("paddock-script", plan.script) if plan.script is not None else None
+        seccomp = syscall_filter.filter_fd(network=plan.network)
         fds = LaunchFds(
             status=status_write,
             block=block_read,
             gate=block_write,
             held=held,
-            script=_opened(opened, script_fd(plan.script) if plan.script is not None else None),
-            seccomp=_opened(opened, syscall_filter.filter_fd()),
+            script=_opened(opened, script),
+            seccomp=_opened(opened, seccomp),
         )
+        fds = replace(fds, args=_opened(opened, args_fd(bwrap_options(plan, fds))))
         inject("open-to-launch")
-        running = await RunningTurn.start(
-            bwrap_argv(bwrap, plan, fds),
-            plan.env,
-            fds.passed(),
-            status_read,
-            plan.stdin_open,
-            emit,
-            plan.limits.wall_s,
-            plan.limits.output_mb << 20,
-            Gate(block_write, limits),
-        )
+        argv = bwrap_argv(bwrap, plan, fds, limits.rlimit_prefix(plan.uid))
+        process = await spawn_as(argv, plan.uid, plan.gid, fds.passed(), plan.stdin_open)
     except LimitError as exc:
         _close_all(opened)
         raise refusals.backend_unavailable(str(exc)) from exc
@@ -219,7 +282,46 @@ async def launch_turn(
         raise
     # The runner keeps the status pipe's read end and the gate's write end; bwrap has the rest.
     _close_all(fd for fd in opened if fd not in (status_read, block_write))
-    return running
+    return RunningTurn(
+        process,
+        status_read,
+        emit,
+        plan.limits.wall_s,
+        plan.limits.output_mb << 20,
+        Gate(block_write, limits),
+        explain_setup_failure,
+    )
+
+
+async def spawn_as(
+    argv: Sequence[str], uid: int, gid: int, pass_fds: Sequence[int], stdin_open: bool
+) -> asyncio.subprocess.Process:
+    """Start ``argv`` as ``uid:gid`` with no supplementary groups, pipes for every stream.
+
+    As the server's own uid nothing is switched (a private target whose turns
+    run as its operator, ``[fence] identity = "server"``).
+    """
+    switch = {}
+    if (uid, gid) != (os.getuid(), os.getgid()):
+        switch = {"user": uid, "group": gid, "extra_groups": []}
+    return await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.PIPE if stdin_open else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=BWRAP_ENV,
+        pass_fds=tuple(pass_fds),
+        start_new_session=True,  # a Ctrl-C at the server's terminal is not the turn's
+        close_fds=True,
+        umask=TURN_UMASK,
+        **switch,
+    )
+
+
+def _pipe(opened: list[int]) -> tuple[int, int]:
+    read, write = os.pipe()
+    opened += (read, write)
+    return read, write
 
 
 def _opened(opened: list[int], fd: int | None) -> int | None:
@@ -234,15 +336,19 @@ def _close_all(fds: Iterable[int]) -> None:
             os.close(fd)
 
 
-async def probe(bwrap: str) -> str | None:
-    """Run ``true`` in a minimal fence, under the filter where there is one; None if it worked."""
-    seccomp = syscall_filter.filter_fd()
+async def probe(bwrap: str, uid: int, gid: int) -> str | None:
+    """Run ``true`` in a minimal fence as ``uid:gid``, under the filter; None if it worked."""
+    seccomp = syscall_filter.filter_fd(network=False)
     filter_args = ["--seccomp", str(seccomp)] if seccomp is not None else []
     argv = [
         bwrap,
         "--unshare-all",
         "--unshare-user",
         "--disable-userns",
+        "--uid",
+        str(uid),
+        "--gid",
+        str(gid),
         "--cap-drop",
         "ALL",
         "--die-with-parent",
@@ -255,14 +361,7 @@ async def probe(bwrap: str) -> str | None:
         "/usr/bin/true",
     ]
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-            env=BWRAP_ENV,
-            pass_fds=() if seccomp is None else (seccomp,),
-        )
+        proc = await spawn_as(argv, uid, gid, () if seccomp is None else (seccomp,), False)
     finally:
         if seccomp is not None:
             os.close(seccomp)

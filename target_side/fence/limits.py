@@ -35,13 +35,14 @@ import errno
 import logging
 import os
 import re
-import resource
 import secrets
+import shutil
 import signal
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shared.wire import PlannedLimits
 from target_side.errors import LimitError
 from target_side.fence.cgroupfs import (
     CONTROLLERS,
@@ -54,11 +55,11 @@ from target_side.fence.cgroupfs import (
     v2_mount,
     words,
 )
-from target_side.policy.plan import EffectiveLimits
 
 log = logging.getLogger("paddock.target")
 
 CPU_PERIOD_US = 100_000
+TRUSTED_BIN_PATH = "/usr/bin:/bin"
 TURN_PREFIX = "paddock-"
 SERVER_LEAF = "paddock-server"
 """On cgroup v2 the server moves itself here so its own cgroup may hand controllers down."""
@@ -147,12 +148,12 @@ class Limiter:
                 "memory_mb limits each process's address space "
                 "(RLIMIT_AS), not the turn's total: no usable memory cgroup",
             )
-        if name == "pids" and self.rlimits and os.getuid() != 0:
+        if name == "pids" and self.rlimits:
             return Enforcement(
                 name,
                 "rlimit",
-                "pids limits the service user's processes "
-                "machine-wide (RLIMIT_NPROC), not the turn's: no usable pids cgroup",
+                "pids limits all processes of the role's uid "
+                "(RLIMIT_NPROC), not each turn's: no usable pids cgroup",
             )
         what = {
             "pids": "pids (RLIMIT_NPROC does not bind root)",
@@ -170,7 +171,7 @@ class Limiter:
         problems = [e.degraded for e in self.report() if e.degraded]
         return "; ".join(problems) or None
 
-    def for_turn(self, turn_id: str, limits: EffectiveLimits) -> TurnLimits:
+    def for_turn(self, turn_id: str, limits: PlannedLimits) -> TurnLimits:
         """Create ``turn_id``'s cgroups with ``limits`` written; nothing runs in them yet."""
         turn = TurnLimits(self, f"{TURN_PREFIX}{os.getpid()}-{turn_id}", limits)
         try:
@@ -212,7 +213,7 @@ class TurnLimits:
 
     limiter: Limiter
     name: str
-    limits: EffectiveLimits
+    limits: PlannedLimits
     dirs: dict[Path, Hierarchy] = field(default_factory=dict)
 
     def create(self, hierarchy: Hierarchy) -> None:
@@ -223,17 +224,34 @@ class TurnLimits:
             _write(path / name, value, optional=name in _OPTIONAL)
 
     def place(self, pid: int) -> None:
-        """Put ``pid`` (bubblewrap's sandbox process, still blocked) into every limit.
+        """Put ``pid`` (bubblewrap's sandbox process, still blocked) into the turn's cgroups.
 
-        Its children inherit all of it: cgroup membership and rlimits alike.
+        Its children inherit the membership.
         """
         for path in self.dirs:
             (path / "cgroup.procs").write_text(f"{pid}\n")
-        if self.limiter.controller("memory") is None and self.limiter.rlimits:
+
+    def rlimit_prefix(self, uid: int) -> tuple[str, ...]:
+        """A ``prlimit`` prefix for what no cgroup bounds, applied by the turn to itself.
+
+        Lowering one's own limits needs no privilege, where setting another
+        process's needs ``CAP_SYS_RESOURCE`` once it runs as another uid; so the
+        turn's first process sets them before it becomes bubblewrap, and every
+        process of the turn inherits them.
+        """
+        if not self.limiter.rlimits:
+            return ()
+        flags = []
+        if self.limiter.controller("memory") is None:
             memory = self.limits.memory_mb << 20
-            resource.prlimit(pid, resource.RLIMIT_AS, (memory, memory))
-        if self.limiter.controller("pids") is None and self.limiter.rlimits and os.getuid() != 0:
-            resource.prlimit(pid, resource.RLIMIT_NPROC, (self.limits.pids, self.limits.pids))
+            flags.append(f"--as={memory}:{memory}")
+        if self.limiter.controller("pids") is None and uid != 0:
+            # RLIMIT_NPROC counts every process of the uid: the role's turns together.
+            flags.append(f"--nproc={self.limits.pids}:{self.limits.pids}")
+        prlimit = shutil.which("prlimit", path=TRUSTED_BIN_PATH)
+        if not flags or prlimit is None:
+            return ()
+        return (prlimit, *flags, "--")
 
     def usage(self) -> Usage:
         """CPU seconds, peak memory and OOM kills, read before the cgroups go."""
@@ -281,7 +299,7 @@ _OPTIONAL = {"memory.memsw.limit_in_bytes", "memory.swap.max", "memory.oom.group
 """Absent where swap accounting is off or the kernel is older; the main limit still holds."""
 
 
-def _settings(hierarchy: Hierarchy, limits: EffectiveLimits) -> list[tuple[str, str]]:
+def _settings(hierarchy: Hierarchy, limits: PlannedLimits) -> list[tuple[str, str]]:
     memory = str(limits.memory_mb << 20)
     quota = str(max(1000, round(limits.cpu * CPU_PERIOD_US)))
     has = hierarchy.controllers

@@ -103,8 +103,10 @@ class RunningTurn:
         wall_s: float,
         output_bytes: int,
         gate: Gate | None = None,
+        explain_setup_failure: Callable[[bytes], Refusal] | None = None,
     ) -> None:
         self._proc = proc
+        self._explain = explain_setup_failure
         self._gate = gate
         self._limit_failure: str | None = None
         self._emit = emit
@@ -118,32 +120,6 @@ class RunningTurn:
         self._truncated = False
         self._started_at = time.monotonic()
         self._status_task = asyncio.create_task(self._read_status(status_fd))
-
-    @classmethod
-    async def start(
-        cls,
-        argv: list[str],
-        env: dict[str, str],
-        pass_fds: tuple[int, ...],
-        status_fd: int,
-        stdin_open: bool,
-        emit: Emit,
-        wall_s: float,
-        output_bytes: int,
-        gate: Gate | None = None,
-    ) -> RunningTurn:
-        """Spawn ``argv`` (bwrap and its arguments) with pipes for every stream."""
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.PIPE if stdin_open else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=env,
-            pass_fds=pass_fds,
-            start_new_session=True,  # a Ctrl-C at the server's terminal is not the turn's
-            close_fds=True,
-        )
-        return cls(proc, status_fd, emit, wall_s, output_bytes, gate)
 
     async def wait(self) -> Outcome:
         """Stream output until the turn ends (or its wall time runs out), then say how it ended."""
@@ -203,19 +179,9 @@ class RunningTurn:
         return Outcome(code, signal_of(code), None, wall, self._truncated)
 
     def _setup_refusal(self) -> Refusal:
-        tail = self._stderr_tail.decode(errors="replace").strip().splitlines()
-        last = tail[-1] if tail else "no message"
-        if "execvp" in last:
-            why = f"could not be executed in the fence ({last})"
-            return refusals.not_executable("argv[0]", "", why).refusal
-        if (
-            "Race condition binding dirfd" in last
-            or "Can't find source path /proc/self/fd/" in last
-        ):
-            # A held source was replaced or unlinked (a package upgrade, useradd rewriting
-            # /etc/passwd) between bwrap resolving its descriptor and mounting it.
-            return refusals.path_changed("fence", None, None, f"bubblewrap: {last}").refusal
-        why = f"bubblewrap could not set up the fence: {last}"
+        if self._explain is not None:
+            return self._explain(self._stderr_tail)
+        why = "the fence could not be set up"
         return refusals.backend_unavailable(why).refusal
 
     async def _pump(self, stream: asyncio.StreamReader | None, kind: str) -> None:

@@ -12,6 +12,8 @@ Everything is allowed except what lets a turn reach past its fence:
 - ``clone3``: ENOSYS, which glibc reads as "use clone" (EPERM would break
   every new thread); clone3's flags sit behind a pointer that no filter can
   inspect, so only ``clone`` is left, whose flags the kernel checks as usual.
+- ``socket(AF_VSOCK)`` for a turn without network: EAFNOSUPPORT. vsock is not
+  namespaced: on a virtual machine it reaches the hypervisor and its other guests.
 
 The binding lives in the system interpreter's dist-packages, which a virtual
 environment rightly does not see; exactly that one root-owned extension is
@@ -43,6 +45,7 @@ NEW_MOUNT_API = (
     "mount_setattr",
 )
 ENOSYS_CALLS = (*NEW_MOUNT_API, "clone3")
+AF_VSOCK = 40
 FOREIGN_ARCHES = ("X86", "X32")
 """Other ABIs an x86-64 kernel runs: each gets the same rules (an unfiltered ABI is a way round)."""
 
@@ -81,8 +84,8 @@ def _load_trusted_extension(path: str) -> ModuleType:
 
 
 @functools.cache
-def filter_program() -> bytes:
-    """The compiled BPF program (cached: it is the same for every turn)."""
+def filter_program(network: bool = False) -> bytes:
+    """The compiled BPF program (cached: one for turns with network, one for those without)."""
     sc = _binding()
     rules = sc.SyscallFilter(defaction=sc.ALLOW)
     if sc.system_arch() == sc.Arch.X86_64:
@@ -92,6 +95,8 @@ def filter_program() -> bytes:
         rules.add_rule(sc.ERRNO(errno.ENOSYS), name)
     for request in (TIOCSTI, TIOCLINUX):
         rules.add_rule(sc.ERRNO(errno.EPERM), "ioctl", sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, request))
+    if not network:
+        rules.add_rule(sc.ERRNO(errno.EAFNOSUPPORT), "socket", sc.Arg(0, sc.EQ, AF_VSOCK))
     fd = os.memfd_create("paddock-seccomp-build", os.MFD_CLOEXEC)
     with open(fd, "w+b") as sink:
         rules.export_bpf(sink)
@@ -110,11 +115,11 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def filter_fd() -> int | None:
+def filter_fd(*, network: bool) -> int | None:
     """A fresh in-memory file holding the program, for ``bwrap --seccomp``; None if unavailable."""
     if unavailable_reason() is not None:
         return None
     fd = os.memfd_create("paddock-seccomp", os.MFD_CLOEXEC)
-    os.write(fd, filter_program())
+    os.write(fd, filter_program(network))
     os.lseek(fd, 0, os.SEEK_SET)
     return fd

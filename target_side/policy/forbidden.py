@@ -1,15 +1,16 @@
 """The forbidden list: host paths no fence may expose, whatever a role or request says.
 
 Every entry is kept canonical, so a symlinked alias of a forbidden path meets
-the same entry. The role's own state dir and the turn's own scratch are the only
-exemptions, recognised by canonical identity: each exempts what lies inside
-it, never its parent or a sibling.
+the same entry. The role's own home is the only exemption, recognised by
+canonical identity: it exempts what lies inside it, never its parent or a
+sibling.
 """
 
 from __future__ import annotations
 
 import os
 import pwd
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,9 @@ CREDENTIAL_DIRS = (
 
 SYSTEM_SECRETS = ("/etc/shadow", "/etc/gshadow", "/etc/ssh")
 """Password hashes and the SSH host keys (the whole of /etc/ssh: it holds nothing a turn needs)."""
+
+NEVER_MOUNTED = ("/proc", "/sys", "/dev")
+"""The fence has its own /proc and a minimal /dev, and never /sys: none is a source or a place."""
 
 RUNTIME_SOCKETS = (
     "/var/run/docker.sock",
@@ -62,7 +66,7 @@ class Collision:
 
 
 class ForbiddenList:
-    """The forbidden entries for one role, and that role's own exempt state dir."""
+    """The forbidden entries for one role, and that role's own exempt home."""
 
     def __init__(self, entries: list[ForbiddenEntry], own: tuple[str, ...]) -> None:
         self.entries = tuple(entries)
@@ -80,19 +84,19 @@ class ForbiddenList:
 
 
 def role_state_dir(settings: Settings, role: str) -> Path:
-    """Where role ``role`` keeps its state and its home."""
+    """Where role ``role``'s state lives: the server's, never mounted into a fence."""
     return settings.state_root / "roles" / role
 
 
-def scratch_dir(settings: Settings, turn_id: str) -> Path:
-    """Where turn ``turn_id``'s scratch lives (outside every role's state dir)."""
-    return settings.state_root / "scratch" / turn_id
+def role_home(settings: Settings, role: str) -> Path:
+    """Role ``role``'s home: its own uid's, the only part of the state root a fence sees."""
+    return role_state_dir(settings, role) / "home"
 
 
 def forbidden_for(
-    settings: Settings, role: str, turn_id: str, environ: dict[str, str] | None = None
+    settings: Settings, role: str, environ: Mapping[str, str] | None = None
 ) -> ForbiddenList:
-    """The complete forbidden list for turn ``turn_id`` of ``role``."""
+    """The complete forbidden list for turns of ``role``."""
     env = os.environ if environ is None else environ
     entries = [
         ForbiddenEntry(str(settings.state_root), "the target's state (keys, ledger, other roles)"),
@@ -100,14 +104,27 @@ def forbidden_for(
         *_home_entries(env),
         *(ForbiddenEntry(p, "a system secret") for p in SYSTEM_SECRETS),
         *(ForbiddenEntry(p, "a runtime control socket") for p in RUNTIME_SOCKETS),
+        *(ForbiddenEntry(p, "never mounted: the fence has its own") for p in NEVER_MOUNTED),
+        *_other_workspaces(settings, role),
         *(ForbiddenEntry(p, "the operator's forbidden list") for p in settings.fence.forbidden),
     ]
     agent_socket = env.get("SSH_AUTH_SOCK")
     if agent_socket and agent_socket.startswith("/"):
         entries.append(ForbiddenEntry(agent_socket, "the server's SSH agent socket"))
     canonical = [ForbiddenEntry(canonical_path(e.path), e.why) for e in entries]
-    own = (role_state_dir(settings, role), scratch_dir(settings, turn_id))
-    return ForbiddenList(canonical, tuple(canonical_path(p) for p in own))
+    return ForbiddenList(canonical, (canonical_path(role_home(settings, role)),))
+
+
+def _other_workspaces(settings: Settings, role: str) -> list[ForbiddenEntry]:
+    """Other roles' workspaces, unless this role lists the very same directory (shared)."""
+    own = set(settings.roles[role].workspaces)
+    return [
+        ForbiddenEntry(workspace, f"a workspace of role {other!r}")
+        for other, config in settings.roles.items()
+        if other != role
+        for workspace in config.workspaces
+        if workspace not in own
+    ]
 
 
 def _config_entries(settings: Settings) -> list[ForbiddenEntry]:
@@ -119,7 +136,7 @@ def _config_entries(settings: Settings) -> list[ForbiddenEntry]:
     return found
 
 
-def _home_entries(env: os._Environ[str] | dict[str, str]) -> list[ForbiddenEntry]:
+def _home_entries(env: Mapping[str, str]) -> list[ForbiddenEntry]:
     """Credential dirs under both the server's $HOME and its passwd home (they may differ)."""
     homes = {pwd.getpwuid(os.getuid()).pw_dir}
     if env.get("HOME", "").startswith("/"):

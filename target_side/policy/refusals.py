@@ -57,6 +57,54 @@ def bad_mount(subject: str, given: str, resolved: str, why: str) -> RefusedError
     return _refused("bad-mount", subject, given, resolved, f"{resolved} {why}")
 
 
+def unreachable_for_role(
+    subject: str, given: str, resolved: str, directory: str, uid: int, mode: int
+) -> RefusedError:
+    return _refused(
+        "bad-mount",
+        subject,
+        given,
+        resolved,
+        f"the turn runs as uid {uid}, which cannot search {directory} (mode {mode:04o}) to "
+        f"reach {resolved}; the operator can let it through (chmod o+x {directory}), or "
+        "use a directory the role can reach",
+    )
+
+
+def abnormal_destination(subject: str, given: str) -> RefusedError:
+    return _refused(
+        "bad-mount",
+        subject,
+        given,
+        None,
+        f"the place inside the fence, {given!r}, is not a normal absolute path; "
+        "write it without '.', '..', '//' or a trailing '/'",
+    )
+
+
+def too_many_directories(subject: str, given: str, resolved: str, limit: int) -> RefusedError:
+    return _refused(
+        "bad-mount",
+        subject,
+        given,
+        resolved,
+        f"{resolved} holds more than {limit} directories, so not every repository and "
+        "protected file in it can be checked; ask for a narrower writable directory, or have "
+        "the operator raise [fence] scan_limit",
+    )
+
+
+def untrusted_path_dir(directory: str, why: str) -> RefusedError:
+    return _refused(
+        "untrusted-executable",
+        "fence.path",
+        directory,
+        directory,
+        f"{directory}, on the fence's PATH, {why}; the operator must make it writable only by "
+        "root or the service user, or take it off [fence] path",
+    )
+
+
 def not_found(name: str, where: str) -> RefusedError:
     return _refused(
         "not-found",
@@ -114,8 +162,8 @@ def network_not_allowed(role: str) -> RefusedError:
         "network",
         None,
         None,
-        f'role {role!r} does not allow network access; ask for network "none", '
-        "or have the operator set allow_network for the role",
+        f'role {role!r} does not allow network access; ask for network "none" '
+        "(paddock run: drop --net), or have the operator set allow_network for the role",
     )
 
 
@@ -128,6 +176,10 @@ def limit_exceeds_role(name: str, asked: float, maximum: float) -> RefusedError:
         f"limits.{name} = {asked:g} is above the role's maximum of {maximum:g}; "
         "ask for at most that",
     )
+
+
+def identity_unavailable(role: str, detail: str) -> RefusedError:
+    return _refused("backend-unavailable", "role", None, None, f"role {role!r}: {detail}")
 
 
 def backend_unavailable(detail: str) -> RefusedError:

@@ -32,14 +32,16 @@ from target_side.config import Settings
 from target_side.errors import (
     AuthError,
     BackendError,
+    RefusedError,
     RoleNotHeld,
     StdinClosed,
     TurnNotRunning,
     UnknownTurn,
 )
 from target_side.fence import syscall_filter
+from target_side.fence.held import FailureHook, no_failure
 from target_side.fence.launch import probe
-from target_side.fence.scratch import FailureHook, no_failure
+from target_side.policy.plan import host_ids
 from target_side.service.auth import TokenRoles, require_role
 from target_side.service.body_limit import BodyLimit
 from target_side.service.health import HealthBoard
@@ -56,7 +58,7 @@ def create_app(settings: Settings, inject: FailureHook = no_failure) -> FastAPI:
 
     ``inject`` is the failure-injection seam of the scratch build (tests only).
     """
-    board = HealthBoard(settings.fence.backend)
+    board = HealthBoard("bubblewrap")
     manager = TurnManager(settings, board, inject)
     tokens = TokenRoles(settings)
 
@@ -175,13 +177,20 @@ async def _check_config(manager: TurnManager) -> None:
 
 
 async def _check_backend(manager: TurnManager, board: HealthBoard) -> None:
-    if manager.settings.fence.backend != "bubblewrap":
-        board.degrade("backend", "backend is 'none': turns run WITHOUT isolation")
-        return
+    settings = manager.settings
+    if settings.fence.identity == "server":
+        board.degrade(
+            "identity",
+            'turns run as the server\'s own uid ([fence] identity = "server"): '
+            "only the fence stands between a turn and the server's files",
+        )
     try:
-        failure = await probe(manager.bwrap())
+        uid, gid = host_ids(settings, next(iter(settings.roles)))
+        failure = await probe(manager.bwrap(), uid, gid)
     except BackendError as exc:
         failure = str(exc)
+    except RefusedError as exc:
+        failure = exc.refusal.detail
     if failure is not None:
         board.degrade("backend", f"bubblewrap does not work here: {failure}")
         return

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Literal
 
 from shared import __version__
 from shared.wire import Health, HealthCause
-
-Cause = Literal["backend", "limits", "disk", "config", "turns-failing"]
+from shared.wire import HealthCauseName as Cause
 
 
 class HealthBoard:

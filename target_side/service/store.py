@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -16,7 +17,6 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from shared.wire import Turn, is_turn_id
-from target_side.fence.scratch import remove_tree
 from target_side.safe_files import write_atomic
 
 log = logging.getLogger("paddock.target")
@@ -32,7 +32,6 @@ class StoredTurn(BaseModel):
     turn: Turn
     idempotency: str | None = None
     """sha256 of role and Idempotency-Key, so a retried POST finds its turn after a restart."""
-    keep_scratch: bool = False
 
 
 class TurnStore:
@@ -65,8 +64,9 @@ class TurnStore:
                 log.warning("turn %s: record unreadable (%s); skipped", directory.name, exc)
 
     def remove(self, turn_id: str) -> None:
+        # The server's own directory: no turn ever wrote into it.
         with contextlib.suppress(FileNotFoundError):
-            remove_tree(self.dir(turn_id))
+            shutil.rmtree(self.dir(turn_id))
 
 
 def expired(turn: Turn, now: datetime, retention_s: float) -> bool:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from shared.wire import FenceView, PlannedLimits, PlannedMount, PlanResult, Turn, TurnRequest, Usage
+from shared.wire import FenceView, PlannedMount, PlanResult, Turn, TurnRequest, Usage
 from target_side.config import Settings
 from target_side.errors import (
     BackendError,
@@ -28,18 +28,12 @@ from target_side.errors import (
     TurnNotRunning,
     UnknownTurn,
 )
+from target_side.fence import audit
+from target_side.fence.held import FailureHook, no_failure
+from target_side.fence.home import open_state_root, prepare_home
 from target_side.fence.launch import find_bwrap, launch_turn, signal_reset_prefix
 from target_side.fence.limits import Limiter
 from target_side.fence.runner import Outcome, RunningTurn
-from target_side.fence.scratch import (
-    STAGING_PREFIX,
-    FailureHook,
-    Scratch,
-    build_scratch,
-    no_failure,
-    remove_scratch,
-    remove_tree,
-)
 from target_side.policy import refusals
 from target_side.policy.plan import FencePlan, plan_turn
 from target_side.service.health import HealthBoard
@@ -102,11 +96,10 @@ class TurnManager:
 
     async def start(self) -> None:
         """Open the ledger, take back every turn on disk, and reap what a crash left."""
-        self.settings.state_root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        await asyncio.to_thread(open_state_root, self.settings.state_root)
         self._ledger = await asyncio.to_thread(Ledger, self.settings.state_root)
         for stored in await asyncio.to_thread(lambda: list(self.store.load_all())):
             await self._recover(stored)
-        await asyncio.to_thread(self._reap_scratch)
         # Probed once with a child process: off the event loop, before any turn needs it.
         await asyncio.to_thread(signal_reset_prefix)
 
@@ -130,15 +123,6 @@ class TurnManager:
         await self.ledger.append("end", turn=_turn_json(record.turn))
         log.warning("turn %s was running when the target stopped; marked lost", stored.turn.turn_id)
 
-    def _reap_scratch(self) -> None:
-        root = self.settings.state_root / "scratch"
-        if not root.is_dir():
-            return
-        kept = {t for t, r in self._turns.items() if r.stored.keep_scratch}
-        for entry in root.iterdir():
-            if entry.name.startswith(STAGING_PREFIX) or entry.name not in kept:
-                remove_tree(entry)
-
     async def submit(self, request: TurnRequest, idempotency_key: str | None = None) -> Turn:
         """Plan, build and launch a turn; a refusal is a finished turn, not an error."""
         key = _idempotency_digest(request.role, idempotency_key)
@@ -158,7 +142,7 @@ class TurnManager:
     def _new_record(self, request: TurnRequest, key: str | None) -> TurnRecord:
         turn_id = f"t-{uuid.uuid4().hex}"
         turn = Turn(turn_id=turn_id, role=request.role, state="running", created_at=now())
-        stored = StoredTurn(turn=turn, idempotency=key, keep_scratch=request.keep_scratch)
+        stored = StoredTurn(turn=turn, idempotency=key)
         record = TurnRecord(stored, EventSpool(self.store.spool_path(turn_id)))
         self._turns[turn_id] = record
         if key is not None:
@@ -170,30 +154,29 @@ class TurnManager:
             bwrap = self.bwrap()
         except BackendError as exc:
             raise refusals.backend_unavailable(str(exc)) from exc
-        try:
-            scratch = await asyncio.to_thread(
-                build_scratch, self.settings, plan.role, plan.turn_id, self._inject
-            )
-        except TargetError as exc:
-            raise refusals.backend_unavailable(str(exc)) from exc
-        try:
-            running = await self._spawn(bwrap, plan, scratch, record.spool)
-        except BaseException:
-            remove_scratch(scratch)
-            raise
+        await self._prepare_home(record, plan)
+        running = await self._spawn(bwrap, plan, record.spool)
         record.running = running
         record.update(started_at=now(), executable=plan.executable)
         await self._persist(record)
         await self.ledger.append("launch", turn=_turn_json(record.turn), **_launch_facts(plan))
         record.spool.append("started", executable=plan.executable)
-        record.task = asyncio.create_task(self._follow(record, plan, scratch))
+        record.task = asyncio.create_task(self._follow(record, plan))
 
-    async def _spawn(
-        self, bwrap: str, plan: FencePlan, scratch: Scratch, spool: EventSpool
-    ) -> RunningTurn:
-        return await launch_turn(bwrap, plan, scratch, spool.append, self.limiter, self._inject)
+    async def _prepare_home(self, record: TurnRecord, plan: FencePlan) -> None:
+        try:
+            repaired = await asyncio.to_thread(
+                prepare_home, self.settings.state_root, plan.role, plan.uid, plan.gid
+            )
+        except TargetError as exc:
+            raise refusals.backend_unavailable(str(exc)) from exc
+        if repaired is not None:
+            record.spool.append("notice", message=repaired)
 
-    async def _follow(self, record: TurnRecord, plan: FencePlan, scratch: Scratch) -> None:
+    async def _spawn(self, bwrap: str, plan: FencePlan, spool: EventSpool) -> RunningTurn:
+        return await launch_turn(bwrap, plan, spool.append, self.limiter, self._inject)
+
+    async def _follow(self, record: TurnRecord, plan: FencePlan) -> None:
         running = record.running
         if running is None:
             return
@@ -203,9 +186,8 @@ class TurnManager:
             log.exception("turn %s: lost track of its process", plan.turn_id)
             running.kill_now()
             outcome = Outcome(125)
-        finally:
-            if not plan.keep_scratch:
-                await asyncio.to_thread(remove_scratch, scratch)
+        for said in await asyncio.to_thread(audit.enforce, plan.audit, plan.turn_id):
+            record.spool.append("notice", message=said)
         await self._finish(record, outcome)
 
     async def _finish(
@@ -269,7 +251,7 @@ class TurnManager:
             plan = plan_turn(request, self.settings, f"t-{uuid.uuid4().hex}")
         except RefusedError as refused:
             return PlanResult(refusal=refused.refusal, exit_code=refused.refusal.exit_code)
-        return PlanResult(fence=fence_view(plan, self.settings.fence.backend), exit_code=0)
+        return PlanResult(fence=fence_view(plan), exit_code=0)
 
     def get(self, turn_id: str, roles: frozenset[str]) -> TurnRecord:
         """The turn ``turn_id`` if it belongs to one of ``roles``."""
@@ -338,28 +320,22 @@ class TurnManager:
             record.spool.close()
 
 
-def fence_view(plan: FencePlan, backend: str) -> FenceView:
+def fence_view(plan: FencePlan) -> FenceView:
     """The wire view of a plan: mounts with modes, env names (never values), limits."""
-    limits = plan.limits
     return FenceView(
-        backend=backend,
+        backend="bubblewrap",
         argv=list(plan.argv),
         executable=plan.executable,
         cwd=plan.cwd,
         uid=plan.uid,
+        gid=plan.gid,
         network=plan.network,
         env_names=sorted(plan.env),
         mounts=[
             PlannedMount(kind=m.kind, source=m.source, dest=m.dest, subject=m.subject)
             for m in plan.mounts
         ],
-        limits=PlannedLimits(
-            wall_s=limits.wall_s,
-            memory_mb=limits.memory_mb,
-            pids=limits.pids,
-            cpu=limits.cpu,
-            output_mb=limits.output_mb,
-        ),
+        limits=plan.limits,
     )
 
 
@@ -382,20 +358,14 @@ def _turn_json(turn: Turn) -> dict[str, Any]:
 
 def _launch_facts(plan: FencePlan) -> dict[str, Any]:
     """What the ledger keeps of a launch. Env names only: values may be secrets."""
-    limits = plan.limits
     return {
         "argv": list(plan.argv),
         "executable": plan.executable.model_dump(),
         "env_names": sorted(plan.env),
         "cwd": plan.cwd,
+        "uid": plan.uid,
         "network": plan.network,
-        "limits": {
-            "wall_s": limits.wall_s,
-            "memory_mb": limits.memory_mb,
-            "pids": limits.pids,
-            "cpu": limits.cpu,
-            "output_mb": limits.output_mb,
-        },
+        "limits": plan.limits.model_dump(),
     }
 
 

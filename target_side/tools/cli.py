@@ -90,7 +90,7 @@ def _check(args: argparse.Namespace) -> int:
         print(f"{args.file}: {problem}", file=sys.stderr)
     if settings is None or problems:
         return 1
-    print(f"{args.file}: ok ({len(settings.roles)} role(s), backend {settings.fence.backend})")
+    print(f"{args.file}: ok ({len(settings.roles)} role(s))")
     return 0
 
 

@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from shared.walk import canonical_path, mount_conflict
 from target_side.config import Settings
-from target_side.errors import BackendError
+from target_side.errors import BackendError, RefusedError
 from target_side.fence import syscall_filter
 from target_side.fence.cgroupfs import (
     CONTROLLERS,
@@ -47,13 +47,12 @@ from target_side.fence.cgroupfs import (
 )
 from target_side.fence.launch import find_bwrap, probe
 from target_side.policy.forbidden import ForbiddenEntry, forbidden_for
+from target_side.policy.plan import host_ids
 from target_side.service.turns import MIN_FREE_BYTES
 from target_side.tools import config_file
 
 DEFAULT_CONFIG = Path("/etc/paddock/target.toml")
 CERT_RENEW_DAYS = 30
-PROBE_TURN_ID = "t-" + "0" * 32
-"""A turn id no real turn has: the forbidden list is the same for every turn but its scratch."""
 
 Status = Literal["ok", "degraded", "info"]
 
@@ -130,7 +129,7 @@ def _config(path: Path) -> tuple[Settings | None, Finding]:
     return settings, Finding(
         "config",
         "ok",
-        f"{path} checks clean: role(s) {roles}; backend {settings.fence.backend}",
+        f"{path} checks clean: role(s) {roles}",
     )
 
 
@@ -241,44 +240,46 @@ def _server(server: Server) -> Finding:
 
 
 def _backend(settings: Settings | None) -> list[Finding]:
-    if settings is not None and settings.fence.backend == "none":
-        return [
-            Finding(
-                "backend",
-                "degraded",
-                'backend = "none": turns run WITHOUT any fence',
-                'set [fence] backend = "bubblewrap" and restart the server',
-            )
-        ]
     try:
         bwrap = find_bwrap()
     except BackendError as exc:
         return [Finding("backend", "degraded", str(exc), "apt-get install bubblewrap")]
     version = _bwrap_version(bwrap)
     userns = _userns()
-    failure = asyncio.run(_probe(bwrap))
+    uid, gid = _probe_ids(settings)
+    failure = asyncio.run(_probe(bwrap, uid, gid))
     if failure is None:
         return [
             Finding(
                 "backend",
                 "ok",
-                f"{version} at {bwrap} fences a test command as uid {os.getuid()} ({userns[0]})",
+                f"{version} at {bwrap} fences a test command as uid {uid} ({userns[0]})",
             )
         ]
     return [
         Finding(
             "backend",
             "degraded",
-            f"{version} at {bwrap} cannot make a fence as uid {os.getuid()}: {failure}",
+            f"{version} at {bwrap} cannot make a fence as uid {uid}: {failure}",
             userns[1] or "check that unprivileged user namespaces are allowed (see details)",
             (userns[0],),
         )
     ]
 
 
-async def _probe(bwrap: str) -> str | None:
+def _probe_ids(settings: Settings | None) -> tuple[int, int]:
+    """A role's host ids, as turns use them; the server's own where it cannot switch."""
+    if settings is None or os.getuid() != 0:
+        return os.getuid(), os.getgid()
     try:
-        return await probe(bwrap)
+        return host_ids(settings, next(iter(settings.roles)))
+    except RefusedError:
+        return os.getuid(), os.getgid()
+
+
+async def _probe(bwrap: str, uid: int, gid: int) -> str | None:
+    try:
+        return await probe(bwrap, uid, gid)
     except (BackendError, OSError) as exc:
         return str(exc)
 
@@ -485,7 +486,7 @@ def _state_root(settings: Settings) -> Finding:
     try:
         st = root.lstat()
     except FileNotFoundError:
-        return Finding("state", "info", f"{root} does not exist yet; the server makes it, 0700")
+        return Finding("state", "info", f"{root} does not exist yet; the server makes it, 0711")
     mode = stat.S_IMODE(st.st_mode)
     if st.st_uid != os.getuid():
         me = pwd.getpwuid(os.getuid()).pw_name
@@ -495,14 +496,15 @@ def _state_root(settings: Settings) -> Finding:
             f"{root} belongs to {_owner(root)}, not to the user the server runs as",
             f"chown -R {me}: {root}",
         )
-    if mode & 0o077:
+    # Others may search it (turns reach their home below it by path), never list or write it.
+    if mode & 0o066:
         return Finding(
             "state",
             "degraded",
-            f"{root} has mode {mode:04o}: others may look at turns, spools and the ledger",
-            f"chmod 0700 {root}",
+            f"{root} has mode {mode:04o}: others may list or change turns, spools and the ledger",
+            f"chmod 0711 {root}",
         )
-    return Finding("state", "ok", f"{root} is private (0700, {_owner(root)})")
+    return Finding("state", "ok", f"{root} is private ({mode:04o}, {_owner(root)})")
 
 
 def _disk(settings: Settings) -> Finding:
@@ -597,7 +599,7 @@ def _forbidden(settings: Settings, server: Server) -> list[Finding]:
     findings = []
     shown: tuple[str, ...] = ()
     for role in settings.roles:
-        listed = forbidden_for(settings, role, PROBE_TURN_ID, environ)
+        listed = forbidden_for(settings, role, environ)
         shown = shown or tuple(dict.fromkeys(f"{e.path}  ({e.why})" for e in listed.entries))
         findings += _workspace_clashes(settings, role, listed.entries)
     if "SSH_AUTH_SOCK" in environ:

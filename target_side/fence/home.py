@@ -1,0 +1,125 @@
+"""A role's home: made, checked and repaired by descriptor, never by following a name.
+
+``STATE/roles/ROLE`` belongs to the server and no fence ever sees it; inside it,
+``home`` belongs to the role's own uid and is the one directory of the state
+root a fence mounts (writable). bubblewrap, running as that uid, reaches the
+home by its path, so the directories above it may be searched by anyone
+(0711) but listed by no one: everything else in the state root is private
+(0700 directories, 0600 files). Turns can change anything inside their home
+but not the home itself, since its parent is not theirs. Whatever is found
+where the home should be, every step here opens relative to its parent's
+descriptor with ``O_NOFOLLOW``: a symlink is never followed, it is moved aside.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import stat
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from target_side.errors import HomeError
+
+log = logging.getLogger("paddock.target")
+
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+HOME = "home"
+SEARCHABLE = 0o711
+
+
+def open_state_root(state_root: Path) -> None:
+    """Make the state root (if missing) and let others search it, never list or write it."""
+    state_root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(state_root, DIR_FLAGS)
+    try:
+        _at_least_searchable(fd)
+    finally:
+        os.close(fd)
+
+
+def _at_least_searchable(fd: int) -> None:
+    mode = stat.S_IMODE(os.fstat(fd).st_mode)
+    if mode & 0o011 != 0o011:
+        os.fchmod(fd, (mode | 0o011) & ~0o066)
+
+
+def prepare_home(state_root: Path, role: str, uid: int, gid: int) -> str | None:
+    """Make ``STATE/roles/ROLE/home`` a directory of ``uid:gid``, mode 0700.
+
+    Returns a sentence when something had to be repaired (for the turn's
+    notice and the log), else None. Raises ``HomeError`` if it cannot be made.
+    """
+    try:
+        state = os.open(state_root, DIR_FLAGS)
+    except OSError as exc:
+        raise HomeError(f"cannot open the state root {state_root}: {exc.strerror}") from exc
+    try:
+        _at_least_searchable(state)
+        with _server_dir(state, "roles") as roles, _server_dir(roles, role) as mine:
+            return _home(mine, f"{state_root}/roles/{role}", uid, gid)
+    except OSError as exc:
+        raise HomeError(f"cannot prepare the home of role {role!r}: {exc}") from exc
+    finally:
+        os.close(state)
+
+
+@contextlib.contextmanager
+def _server_dir(parent: int, name: str) -> Iterator[int]:
+    """The server's own private directory ``name`` under ``parent``, made if missing."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(name, SEARCHABLE, dir_fd=parent)
+    fd = os.open(name, DIR_FLAGS, dir_fd=parent)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.getuid():
+            raise HomeError(f"{name} is owned by uid {st.st_uid}, not the server's")
+        if stat.S_IMODE(st.st_mode) != SEARCHABLE:
+            os.fchmod(fd, SEARCHABLE)
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _home(parent: int, where: str, uid: int, gid: int) -> str | None:
+    repaired = None
+    try:
+        fd = os.open(HOME, DIR_FLAGS, dir_fd=parent)
+    except FileNotFoundError:
+        fd = _make(parent, uid, gid)
+    except OSError:
+        # ELOOP or ENOTDIR: a symlink or a file stands where the home should be.
+        repaired = _move_aside(parent, where, "was not a directory")
+        fd = _make(parent, uid, gid)
+    try:
+        st = os.fstat(fd)
+        if (st.st_uid, st.st_gid) != (uid, gid):
+            os.close(fd)
+            fd = -1
+            repaired = _move_aside(parent, where, f"belonged to uid {st.st_uid}, not {uid}")
+            fd = _make(parent, uid, gid)
+        elif stat.S_IMODE(st.st_mode) != 0o700:
+            os.fchmod(fd, 0o700)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    return repaired
+
+
+def _make(parent: int, uid: int, gid: int) -> int:
+    os.mkdir(HOME, 0o700, dir_fd=parent)
+    fd = os.open(HOME, DIR_FLAGS, dir_fd=parent)
+    os.fchown(fd, uid, gid)
+    os.fchmod(fd, 0o700)
+    return fd
+
+
+def _move_aside(parent: int, where: str, why: str) -> str:
+    aside = f"{HOME}.displaced-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(3).hex()}"
+    # rename never follows a symlink: what is moved is the entry itself.
+    os.rename(HOME, aside, src_dir_fd=parent, dst_dir_fd=parent)
+    said = f"{where}/{HOME} {why}; moved it to {where}/{aside} and made a new home"
+    log.warning("%s", said)
+    return said

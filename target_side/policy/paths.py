@@ -1,0 +1,25 @@
+"""Paths as the planner takes them: walked like the kernel walks them, or refused by name."""
+
+from __future__ import annotations
+
+import posixpath
+
+from shared.walk import WalkError, canonical_path
+from target_side.policy import refusals
+
+
+def resolve(subject: str, path: str) -> str:
+    """``canonical_path``, with a path the walk cannot finish refused against ``subject``."""
+    try:
+        return canonical_path(path)
+    except WalkError as exc:
+        raise refusals.bad_mount(subject, path, path, f"cannot be resolved: {exc}") from exc
+
+
+def is_normal(path: str) -> bool:
+    """Whether ``path`` is absolute and already normal: no ``.``, ``..``, ``//`` or trailing ``/``.
+
+    A destination inside the fence is created by bubblewrap below its new root,
+    where ``..`` would climb out; normalising it first would hide what was asked.
+    """
+    return path.startswith("/") and (path == "/" or posixpath.normpath(path) == path)

@@ -1,0 +1,194 @@
+"""What a turn must not change inside its writable mounts: files that run later, outside a fence.
+
+A git hook or ``core.fsmonitor`` planted in a repository runs the next time
+anyone runs git there; a shell reads its rc files at the next login; editors
+and agents run the tasks and hooks their settings name. So every writable
+mount is searched, at any depth (up to ``[fence] scan_limit`` directories), and:
+
+- every git directory found (``.git``, a bare repository, and the worktree and
+  submodule git directories inside one) is mounted onto itself, which makes it
+  a mount point that cannot be renamed or replaced (``mv .git .git.old`` fails),
+  and its config, hooks, ``commondir`` and ``config.worktree`` are mounted
+  read-only over themselves; a ``.git`` file (a pointer to a git directory) is
+  read-only too;
+- every entry named in ``PROTECTED_NAMES`` (or ``[fence] protect``) is mounted
+  read-only over itself.
+
+A protected name that does not exist yet cannot be mounted over without
+creating it on the host, and a symlink cannot be mounted over at all. Those
+that matter without any other file changing (a git directory's members, and
+the protected names at the top of each writable mount, where a home directory
+keeps its rc files) are listed for the *audit*: after the turn, with every
+process of it gone, whatever appeared or changed there is moved aside before
+anyone is told the turn ended. Repositories and files a turn creates are owned
+by its role's own uid, which git and shells run by anyone else do not trust.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import stat
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from target_side.policy import refusals
+
+PROTECTED_NAMES = (
+    # read by shells at login or start, as whoever owns the home they sit in
+    ".bashrc",
+    ".bash_profile",
+    ".bash_login",
+    ".bash_logout",
+    ".profile",
+    ".zshrc",
+    ".zshenv",
+    ".zprofile",
+    ".zlogin",
+    ".zlogout",
+    ".cshrc",
+    ".tcshrc",
+    ".login",
+    # tools that run what they name
+    ".envrc",
+    ".gitconfig",
+    ".gitmodules",
+    ".ripgreprc",
+    ".npmrc",
+    ".mcp.json",
+    # editors' and agents' tasks, settings and hooks
+    ".vscode",
+    ".idea",
+    ".devcontainer",
+    ".claude",
+    ".cursor",
+)
+GIT_MEMBERS = ("config", "hooks", "commondir", "config.worktree")
+"""Inside a git directory: what git reads to decide what to run (or where to read it from)."""
+GIT_NESTED = ("worktrees", "modules")
+"""Inside a git directory, where more git directories live (linked worktrees, submodules)."""
+
+
+@dataclass
+class Protection:
+    """What one scan found: git directories, read-only entries, and paths to audit."""
+
+    git_dirs: list[str] = field(default_factory=list)
+    read_only: list[str] = field(default_factory=list)
+    audit: dict[str, str | None] = field(default_factory=dict)
+    """Paths to check after the turn: each must still be absent (None) or a symlink to the
+    given target, as it was when planned."""
+
+
+def scan(roots: Iterable[tuple[str, str]], names: tuple[str, ...], limit: int) -> Protection:
+    """Search each writable mount ``(subject, canonical root)`` for what must stay protected.
+
+    Symlinks are never followed: a link inside a mount is not part of it.
+    """
+    found = Protection()
+    seen: set[str] = set()
+    wanted = frozenset(names)
+    for subject, root in roots:
+        for name in names:
+            _expect_unchanged(posixpath.join(root, name), found)
+        for directory, entries in _walk(subject, root, limit):
+            _classify(directory, entries, wanted, names, found, seen)
+    return found
+
+
+def _expect_unchanged(path: str, found: Protection) -> None:
+    """Audit ``path`` if it is absent or a symlink: those cannot be mounted over."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        found.audit[path] = None
+        return
+    if stat.S_ISLNK(st.st_mode):
+        found.audit[path] = os.readlink(path)
+
+
+def _walk(subject: str, root: str, limit: int) -> Iterator[tuple[str, list[os.DirEntry[str]]]]:
+    """Every directory below ``root`` (itself included) with its entries, depth first."""
+    pending = [root]
+    visited = 0
+    while pending:
+        directory = pending.pop()
+        visited += 1
+        if visited > limit:
+            raise refusals.too_many_directories(subject, root, root, limit)
+        try:
+            with os.scandir(directory) as listing:
+                entries = list(listing)
+        except OSError as exc:
+            raise refusals.bad_mount(
+                "fence.protect", directory, directory, f"cannot be searched: {exc.strerror}"
+            ) from exc
+        yield directory, entries
+        pending.extend(
+            e.path for e in entries if e.is_dir(follow_symlinks=False) and e.name != ".git"
+        )
+
+
+def _classify(
+    directory: str,
+    entries: list[os.DirEntry[str]],
+    wanted: frozenset[str],
+    names: tuple[str, ...],
+    found: Protection,
+    seen: set[str],
+) -> None:
+    by_name = {e.name: e for e in entries}
+    git = by_name.get(".git")
+    if git is not None:
+        if git.is_dir(follow_symlinks=False):
+            _git_dir(git.path, found, seen)
+        elif git.is_file(follow_symlinks=False):
+            found.read_only.append(git.path)
+    elif _looks_bare(by_name):
+        _git_dir(directory, found, seen)
+    for name in names:
+        if "/" in name:
+            path = posixpath.join(directory, name)
+            if os.path.lexists(path) and not os.path.islink(path):
+                found.read_only.append(path)
+    for entry in entries:
+        if entry.name in wanted and not entry.is_symlink():
+            found.read_only.append(entry.path)
+
+
+def _looks_bare(by_name: dict[str, os.DirEntry[str]]) -> bool:
+    """A bare repository: git treats a directory holding these as a git directory."""
+    head, objects, refs = by_name.get("HEAD"), by_name.get("objects"), by_name.get("refs")
+    return (
+        head is not None
+        and head.is_file(follow_symlinks=False)
+        and objects is not None
+        and objects.is_dir(follow_symlinks=False)
+        and refs is not None
+        and refs.is_dir(follow_symlinks=False)
+    )
+
+
+def _git_dir(path: str, found: Protection, seen: set[str]) -> None:
+    if path in seen:
+        return
+    seen.add(path)
+    found.git_dirs.append(path)
+    for member in GIT_MEMBERS:
+        inner = posixpath.join(path, member)
+        if os.path.lexists(inner) and not os.path.islink(inner):
+            found.read_only.append(inner)
+        else:
+            _expect_unchanged(inner, found)
+    for nested in GIT_NESTED:
+        _nested_git_dirs(posixpath.join(path, nested), found, seen)
+
+
+def _nested_git_dirs(container: str, found: Protection, seen: set[str]) -> None:
+    try:
+        with os.scandir(container) as listing:
+            children = [e.path for e in listing if e.is_dir(follow_symlinks=False)]
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for child in children:
+        _git_dir(child, found, seen)
