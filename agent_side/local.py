@@ -47,7 +47,7 @@ def local_target(workspace: str | None = None) -> Iterator[LocalTarget]:
     try:
         # Searchable, not listable: turns run as a uid of their own and reach their home
         # below it by path; everything in it is private (keys 0600, state 0700 inside).
-        os.chmod(root, 0o711)
+        os.chmod(root, 0o711)  # noqa: S103 - searchable by design, never listable
         token = secrets.token_urlsafe(32)
         settings = _settings(root, workspace, hashlib.sha256(token.encode()).hexdigest())
         with ServerThread(settings) as server:
