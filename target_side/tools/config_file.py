@@ -43,6 +43,8 @@ def check(path: Path) -> tuple[Settings | None, list[str]]:
     except tomllib.TOMLDecodeError as exc:
         return None, [f"not valid TOML: {exc}"]
     settings, problems = settings_from(raw)
+    if settings is not None:
+        settings = settings.model_copy(update={"config_path": str(path)})
     # The filesystem is checked even when a key is wrong, so one run shows everything.
     return settings, problems + _path_problems(raw)
 
