@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pty
@@ -9,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -99,8 +101,9 @@ def test_run_untrusted_certificate_is_125_naming_tls(target: Target, tmp_path: P
     assert b"tls" in result.stderr.lower()
 
 
-def test_run_ctrl_c_is_forwarded_to_the_turn(target: Target) -> None:
-    marker = "321.5"
+@contextlib.contextmanager
+def sleeping_turn(target: Target, marker: str) -> Iterator[subprocess.Popen[bytes]]:
+    """``paddock run`` of a turn that sleeps ``marker`` seconds, once the sleep has begun."""
     with subprocess.Popen(
         [*CLI, "run", "--", "sh", "-c", f"echo ready; sleep {marker}"],
         env=_env(target),
@@ -111,6 +114,12 @@ def test_run_ctrl_c_is_forwarded_to_the_turn(target: Target) -> None:
         assert proc.stdout is not None
         assert proc.stdout.readline() == b"ready\n"
         assert wait_until(lambda: bool(processes_with("sleep", marker)))
+        yield proc
+
+
+def test_run_ctrl_c_is_forwarded_to_the_turn(target: Target) -> None:
+    marker = "321.5"
+    with sleeping_turn(target, marker) as proc:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 128 + signal.SIGINT
     assert wait_until(lambda: not processes_with("sleep", marker))
@@ -309,16 +318,7 @@ def test_run_into_a_closed_pipe_stops_the_turn_and_ends_quietly(target: Target) 
 
 def test_run_term_kills_the_turn(target: Target) -> None:
     marker = "321.625"
-    with subprocess.Popen(
-        [*CLI, "run", "--", "sh", "-c", f"echo ready; sleep {marker}"],
-        env=_env(target),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-    ) as proc:
-        assert proc.stdout is not None
-        assert proc.stdout.readline() == b"ready\n"
-        assert wait_until(lambda: bool(processes_with("sleep", marker)))
+    with sleeping_turn(target, marker) as proc:
         proc.terminate()
         assert proc.wait(timeout=30) == 128 + signal.SIGKILL
     assert wait_until(lambda: not processes_with("sleep", marker))
@@ -326,15 +326,7 @@ def test_run_term_kills_the_turn(target: Target) -> None:
 
 def test_kill_ends_a_running_turn(target: Target) -> None:
     marker = "321.375"
-    with subprocess.Popen(
-        [*CLI, "run", "--", "sh", "-c", f"echo ready; sleep {marker}"],
-        env=_env(target),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-    ) as proc:
-        assert proc.stdout is not None
-        assert proc.stdout.readline() == b"ready\n"
+    with sleeping_turn(target, marker) as proc:
         listed = paddock("turns", "--json", "--limit", "20", target=target)
         running = [json.loads(line) for line in listed.stdout.splitlines()]
         (turn_id,) = [t["turn_id"] for t in running if t["state"] == "running"]

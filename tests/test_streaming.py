@@ -196,73 +196,65 @@ def test_run_forwards_ctrl_c_as_int(
     assert signal.getsignal(signal.SIGINT) is before
 
 
+class Posted:
+    """The signals the scripted target is sent, in order; a test can wait for the n-th."""
+
+    def __init__(self, script: Scripted) -> None:
+        self.names: list[str] = []
+        self._changed = threading.Condition()
+        script.routes["POST", f"/v1/turns/{TURN_ID}/signal"] = self._route
+
+    def _route(self, handler: Handler, seen: Seen) -> None:
+        with self._changed:
+            self.names.append(json.loads(seen.body)["signal"])
+            self._changed.notify_all()
+        reply_json(handler, 202, turn_json())
+
+    def wait_for(self, count: int) -> bool:
+        with self._changed:
+            return self._changed.wait_for(lambda: len(self.names) >= count, timeout=10)
+
+
+def _signalled_run(
+    script: Scripted, monkeypatch: pytest.MonkeyPatch, signum: int, counts: tuple[int, ...]
+) -> tuple[int, Posted]:
+    """Run an endless turn; send ``signum`` each time the target got ``counts[i]`` signals."""
+    released = threading.Event()
+    streaming = _endless_turn(script, released)
+    posted = Posted(script)
+
+    def send() -> None:
+        if not streaming.wait(10):
+            return
+        for count in counts:
+            os.kill(os.getpid(), signum)
+            posted.wait_for(count)
+        os.kill(os.getpid(), signum)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    try:
+        return run_main(script, monkeypatch, "--", "sleep", "60"), posted
+    finally:
+        released.set()
+        sender.join(10)
+
+
 def test_run_third_ctrl_c_stops_waiting_and_exits_130(
     scripted: Scripted, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    released = threading.Event()
-    signals: list[str] = []
-    two_sent = threading.Event()
-    streaming = _endless_turn(scripted, released)
-
-    def signal_route(handler: Handler, seen: Seen) -> None:
-        signals.append(json.loads(seen.body)["signal"])
-        reply_json(handler, 202, turn_json())
-        if len(signals) == 2:
-            two_sent.set()
-
-    scripted.routes["POST", f"/v1/turns/{TURN_ID}/signal"] = signal_route
-
-    def press_ctrl_c() -> None:
-        if not streaming.wait(10):
-            return
-        os.kill(os.getpid(), signal.SIGINT)
-        while not signals:
-            threading.Event().wait(0.01)
-        os.kill(os.getpid(), signal.SIGINT)
-        if two_sent.wait(10):
-            os.kill(os.getpid(), signal.SIGINT)
-
-    presser = threading.Thread(target=press_ctrl_c)
-    presser.start()
-    try:
-        assert run_main(scripted, monkeypatch, "--", "sleep", "60") == 130
-    finally:
-        released.set()
-        presser.join(10)
-    assert signals == ["INT", "KILL"]
+    status, posted = _signalled_run(scripted, monkeypatch, signal.SIGINT, (1, 2))
+    assert status == 128 + signal.SIGINT
+    assert posted.names == ["INT", "KILL"]
     assert "paddock: interrupted; the turn may still be running" in capfd.readouterr().err
 
 
 def test_run_term_kills_the_turn_and_a_second_stops_waiting(
     scripted: Scripted, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    released = threading.Event()
-    signals: list[str] = []
-    killed = threading.Event()
-    streaming = _endless_turn(scripted, released)
-
-    def signal_route(handler: Handler, seen: Seen) -> None:
-        signals.append(json.loads(seen.body)["signal"])
-        reply_json(handler, 202, turn_json())
-        killed.set()
-
-    scripted.routes["POST", f"/v1/turns/{TURN_ID}/signal"] = signal_route
-
-    def send_term() -> None:
-        if not streaming.wait(10):
-            return
-        os.kill(os.getpid(), signal.SIGTERM)
-        if killed.wait(10):
-            os.kill(os.getpid(), signal.SIGTERM)
-
     before = signal.getsignal(signal.SIGTERM)
-    sender = threading.Thread(target=send_term)
-    sender.start()
-    try:
-        assert run_main(scripted, monkeypatch, "--", "sleep", "60") == 128 + signal.SIGTERM
-    finally:
-        released.set()
-        sender.join(10)
-    assert signals == ["KILL"]
+    status, posted = _signalled_run(scripted, monkeypatch, signal.SIGTERM, (1,))
+    assert status == 128 + signal.SIGTERM
+    assert posted.names == ["KILL"]
     assert f"sent KILL to turn {TURN_ID}" in capfd.readouterr().err
     assert signal.getsignal(signal.SIGTERM) is before
