@@ -16,6 +16,12 @@
 126 refused, 127 not found, 128+N signal). Where the CLI would exit 125,
 ``run`` raises the ``AgentError`` instead: paddock failed, not the command.
 
+Turns run as ``role=`` when given, else as the only role the token holds (the
+target is asked once, ``GET /v1/roles``); a token holding several must name one.
+Over SSH, an HTTPS listener's certificate is checked against ``cacert`` when
+given, else against the CA the target host keeps at ``remote_cacert`` (where
+``paddock deploy`` puts it), read over the SSH connection already verified.
+
 The async flavour runs the same synchronous client on worker threads. paramiko
 is blocking and runs its own thread per connection, so an asyncio network
 backend would still end in blocking channel calls; sharing one implementation
@@ -28,6 +34,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import ssl
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,9 +43,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
-from agent_side.client import DEFAULT_TIMEOUT, TargetClient, is_loopback, tls_context
+from agent_side.client import DEFAULT_TIMEOUT, TargetClient, pinned_tls_context, tls_context
 from agent_side.errors import AgentError, UsageError
-from agent_side.turns import drive, new_request, output_bytes
+from agent_side.turns import drive, new_request, output_bytes, sole_role
+from shared.net import is_loopback
 from shared.wire import Event, Health, OutputEvent, Refusal, Turn, TurnRequest
 
 if TYPE_CHECKING:
@@ -46,9 +54,10 @@ if TYPE_CHECKING:
     # third of a second to the start of every paddock command that never uses it.
     from agent_side.ssh import PassphraseSource, SshConnection, SshTimeouts
 
-DEFAULT_ROLE = "default"
-DEFAULT_SSH_TARGET = "http://127.0.0.1:8443"
-"""The target's listener as seen from the SSH server: paddock-target's default address."""
+DEFAULT_SSH_TARGET = "https://127.0.0.1:8443"
+"""The target's listener as seen from the SSH server: where ``paddock deploy`` puts it."""
+REMOTE_CA = "/etc/paddock/tls/ca.pem"
+"""Where ``paddock deploy`` leaves the CA of the certificate it makes (``--config-dir``/tls)."""
 
 CANCEL_WAIT_S = 60.0
 """How long a cancelled run waits for its submission's answer, to know which turn to kill."""
@@ -84,7 +93,7 @@ class Target:
         self,
         client: TargetClient,
         *,
-        role: str = DEFAULT_ROLE,
+        role: str | None = None,
         ssh: SshConnection | None = None,
     ) -> None:
         self._client = client
@@ -98,7 +107,7 @@ class Target:
         *,
         token: str | None,
         cacert: str | None = None,
-        role: str = DEFAULT_ROLE,
+        role: str | None = None,
         timeout: httpx.Timeout = DEFAULT_TIMEOUT,
     ) -> Target:
         """The target listening at ``url`` (``https://``, or ``http://`` on loopback only)."""
@@ -112,7 +121,8 @@ class Target:
         token: str | None,
         url: str = DEFAULT_SSH_TARGET,
         cacert: str | None = None,
-        role: str = DEFAULT_ROLE,
+        remote_cacert: str | None = REMOTE_CA,
+        role: str | None = None,
         identity_files: Sequence[str] = (),
         known_hosts: Sequence[str] = (),
         passphrase: str | PassphraseSource | None = None,
@@ -126,6 +136,11 @@ class Target:
         ``destination`` is ``[USER@]HOST[:PORT]``, HOST possibly an alias from
         ``ssh_config``. Connects at once, so an unknown host, a changed host key
         or rejected keys are raised here, before any turn.
+
+        An ``https`` listener is checked against ``cacert`` if given, else
+        against the PEM file ``remote_cacert`` on the SSH host, read through
+        this connection; where that file does not exist (or ``remote_cacert``
+        is None), against the system's CAs.
         """
         from agent_side.ssh import Destination, SshConnection, SshOptions, SshTimeouts, resolve
         from agent_side.tunnel import SshTransport
@@ -142,9 +157,17 @@ class Target:
         connection = SshConnection(resolve(Destination.parse(destination), options), options)
         connection.connect()
         try:
-            context = tls_context(cacert) if scheme == "https" else None
+            context = None
+            if scheme == "https":
+                context = _ssh_tls_context(connection, cacert, remote_cacert)
             transport = SshTransport(connection, ssl_context=context)
-            client = TargetClient(url, token, transport=transport, timeout=timeout)
+            client = TargetClient(
+                url,
+                token,
+                transport=transport,
+                timeout=timeout,
+                probe_backend=transport.network_backend,
+            )
         except BaseException:
             connection.close()
             raise
@@ -152,7 +175,13 @@ class Target:
 
     @property
     def role(self) -> str:
-        """The role turns run as unless ``run`` names another."""
+        """The role turns run as unless ``run`` names another.
+
+        The one given, else the only role the token holds (the target is asked
+        once); a ``UsageError`` naming the choices when it holds several.
+        """
+        if self._role is None:
+            self._role = sole_role(self._client)
         return self._role
 
     @property
@@ -191,7 +220,7 @@ class Target:
         ``on_event`` sees every event once, as it arrives (output included).
         """
         request = new_request(
-            role=role or self._role,
+            role=role or self.role,
             argv=argv,
             cwd=cwd,
             env=env,
@@ -296,8 +325,10 @@ class AsyncTarget:
         on_event: Callable[[Event], None] | None = None,
     ) -> RunResult:
         """Like ``Target.run``, awaited; cancelling it kills the turn."""
+        target = self.target
+        # Asking the target for the role is a request: not on the event loop.
         request = new_request(
-            role=role or self.target.role,
+            role=role or await self._call(lambda: target.role),
             argv=argv,
             cwd=cwd,
             env=env,
@@ -386,6 +417,23 @@ class _Collector:
             (self.stdout if event.kind == "stdout" else self.stderr).extend(output_bytes(event))
         if self._on_event is not None:
             self._on_event(event)
+
+
+def _ssh_tls_context(
+    connection: SshConnection, cacert: str | None, remote_cacert: str | None
+) -> ssl.SSLContext:
+    """Trust ``cacert``, else the CA file the target host keeps, else the system's CAs."""
+    if cacert is not None or remote_cacert is None:
+        return tls_context(cacert)
+    pem = connection.read_file(remote_cacert)
+    if pem is None:
+        return tls_context(None)
+    source = f"{remote_cacert} on {connection.endpoint}"
+    try:
+        text = pem.decode("ascii")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{source} is not a PEM certificate; give --cacert") from exc
+    return pinned_tls_context(text, source)
 
 
 def _passphrase_source(passphrase: str | PassphraseSource | None) -> PassphraseSource | None:

@@ -1,144 +1,157 @@
-"""The ``paddock`` command: run one turn on a target and exit with its status.
+"""The ``paddock`` command: parse the command line, run its command, report paddock's failures.
 
-    paddock run [--target URL] [--token-file F] [--cacert F] [--role R] [--cwd D]
-                [-e K=V ...] [--write P ...] [--read P ...] [--net] [--timeout S]
-                [--json] [--local | --ssh USER@HOST[:PORT] [-i KEY] [--known-hosts F]]
+    paddock run [--target URL] [--token-file F] [--cacert F] [--role R] [-w DIR]
+                [-e K=V | -e NAME ...] [--env-file F ...] [--write P ...] [--read P ...]
+                [--net] [--timeout S] [--json] [--no-stdin]
+                [--local | --ssh USER@HOST[:PORT] [-i KEY] [--known-hosts F] | -t NAME]
                 -- CMD...
-    paddock health [--target URL] [--cacert F] [--local | --ssh USER@HOST[:PORT] ...]
-    paddock deploy USER@HOST[:PORT] [--role R ...] [-i KEY] [--known-hosts F] [--name NAME]
-                   [--route ssh|https] [--wheel W] [--listen ...] [--workspace ...] ...
-    paddock run -t NAME -- CMD...        (also plan, logs, turns, health)
+    paddock plan    (as run; runs nothing)
+    paddock logs TURN [--follow]     paddock turns [--limit N]     paddock kill TURN
+    paddock health                   paddock deploy USER@HOST[:PORT] ...
 
-With ``--ssh``, every request goes through one SSH connection to the target
-host (see ``agent_side.ssh``), and ``--target`` names the listener as seen from
-there (default http://127.0.0.1:8443). A passphrase-protected key is unlocked
-with PADDOCK_SSH_PASSPHRASE, else asked for on the terminal.
-
-``paddock deploy`` installs a target over SSH (see ``agent_side.deploy``) and
-stores it (``agent_side.targets_file``); ``-t NAME`` then stands for its route,
-token and CA, in place of --target/--ssh and the PADDOCK_* variables.
+The jobs live in their own modules: ``connection`` (where the target, token,
+CA and role come from, and opening the target), ``request_options`` (the turn
+asked for), ``streaming`` (output, signals and stdin while a turn runs),
+``commands`` (each command's handler) and ``deploy_command``.
 
 Exit statuses follow DESIGN.md: the command's own 0..123, 124 timed out, 125
-paddock itself failed (this module's ``paddock: LABEL: ...`` lines), 126
-refused, 127 not found, 128+N killed by signal N.
+paddock itself failed (a ``paddock: LABEL: ...`` line on stderr and, with
+``--json``, one JSON object on stdout), 126 refused, 127 not found, 128+N
+killed by signal N (141 when whoever read our stdout went away).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import json
 import os
-import signal
 import sys
-import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from types import FrameType
-from typing import TYPE_CHECKING, NoReturn, TextIO
+from collections.abc import Sequence
+from typing import NoReturn
 
-from agent_side.api import DEFAULT_SSH_TARGET, Target
-from agent_side.client import TargetClient
+from agent_side import commands
+from agent_side.api import DEFAULT_SSH_TARGET, REMOTE_CA
+from agent_side.deploy_command import add_deploy_parser
 from agent_side.errors import AgentError, UsageError
-from agent_side.turns import drive, new_request, output_bytes
-from agent_side.turns import exit_status as exit_status  # re-exported: the CLI's status rule
-from agent_side.views import print_plan, print_turns, refusal_sentence, say
+from agent_side.streaming import BROKEN_PIPE, INTERRUPTED, StopWaiting, silence_stdout
+from agent_side.views import say
 from shared import __version__
-from shared.exit_status import ExitStatus, for_signal
-from shared.wire import Event, OutputEvent, Turn, TurnRequest
-
-if TYPE_CHECKING:
-    from agent_side.ssh import PassphraseSource
-    from agent_side.targets_file import StoredTarget
-
-DEFAULT_ROLE = "default"
-INTERRUPTED = for_signal(signal.SIGINT)
-POST_GRACE_S = 5.0
-"""How long leaving ``paddock run`` waits for a signal still being posted to the turn."""
-
-
-@dataclass(frozen=True)
-class Connection:
-    """Where the target is and how to prove who we are to it."""
-
-    url: str
-    token: str | None = field(repr=False)
-    cacert: str | None
-    stored: StoredTarget | None = None
-    """The stored target ``-t NAME`` named, if it did."""
-    role: str | None = None
-    """The role the stored target's token is for (``--role``, else its default)."""
+from shared.exit_status import ExitStatus
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``paddock`` command line; returns the process exit status."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
     try:
+        return _run(arguments)
+    except BrokenPipeError:
+        # Whoever read our stdout has gone (``paddock plan --json | head``): end as a
+        # pipeline's producer does, quietly.
+        silence_stdout()
+        return BROKEN_PIPE
+
+
+def _run(argv: list[str]) -> int:
+    as_json = _asks_for_json(argv)
+    try:
+        _refuse_terminal_options(argv)
         args = build_parser().parse_args(argv)
+        _refuse_glued_terminal_options(argv, args)
     except UsageError as exc:
-        return _failed(exc)
+        return report_failure(exc, as_json=as_json)
     except SystemExit as exc:  # --help and --version end parsing on purpose
         return exc.code if isinstance(exc.code, int) else 0
+    as_json = bool(getattr(args, "json", False))
     try:
         return int(args.handler(args, os.environ))
     except AgentError as exc:
-        return _failed(exc)
-    except KeyboardInterrupt:
+        return report_failure(exc, as_json=as_json)
+    except KeyboardInterrupt as exc:
         say("interrupted; the turn may still be running on the target")
-        return INTERRUPTED
+        return exc.status if isinstance(exc, StopWaiting) else INTERRUPTED
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The whole command line, with usage errors raised as ``UsageError``."""
-    parser = _Parser(prog="paddock", description="Run a command as a fenced turn on a target.")
+def report_failure(exc: AgentError, *, as_json: bool) -> int:
+    """Say what paddock failed at (and, in JSON mode, as a JSON object on stdout); 125."""
+    status = ExitStatus.PADDOCK_FAILED
+    say(f"{exc.label}: {exc}")
+    if as_json:
+        record = {"error": exc.label, "message": str(exc), "exit_code": int(status)}
+        print(json.dumps(record), flush=True)
+    return int(status)
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse, with usage errors raised as ``UsageError`` (exit 125, not argparse's 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        # argparse would exit 2, which belongs to the command; paddock's own failures are 125.
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def build_parser() -> CommandParser:
+    """The whole command line; each subcommand's ``handler`` is in ``commands``."""
+    parser = CommandParser(
+        prog="paddock", description="Run a command as a fenced turn on a target."
+    )
     parser.add_argument("--version", action="version", version=f"paddock {__version__}")
-    commands = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
+    subcommands = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
 
-    run = commands.add_parser("run", help="run one command as a turn and stream its output")
+    run = subcommands.add_parser("run", help="run one command as a turn and stream its output")
     _add_target_options(run)
     _add_request_options(run)
     run.add_argument("--json", action="store_true", help="print events and the turn as JSON lines")
     run.add_argument(
         "--no-stdin",
         action="store_true",
-        help="do not forward this command's stdin (forwarded by default when not a terminal)",
+        help="do not forward this command's stdin (forwarded when it is a pipe or a file)",
     )
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD...")
-    run.set_defaults(handler=run_command)
+    run.set_defaults(handler=commands.run_command)
 
-    plan = commands.add_parser("plan", help="show the fence a command would get; run nothing")
+    plan = subcommands.add_parser("plan", help="show the fence a command would get; run nothing")
     _add_target_options(plan)
     _add_request_options(plan)
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD...")
-    plan.set_defaults(handler=plan_command)
+    plan.set_defaults(handler=commands.plan_command)
 
-    logs = commands.add_parser("logs", help="print a turn's output (--follow: until it ends)")
+    logs = subcommands.add_parser("logs", help="print a turn's output (--follow: until it ends)")
     _add_target_options(logs)
     _add_token_option(logs)
     logs.add_argument("turn_id", metavar="TURN")
     logs.add_argument("--follow", "-f", action="store_true", help="follow until the turn ends")
     logs.add_argument("--json", action="store_true", help="print events as JSON lines")
-    logs.set_defaults(handler=logs_command)
+    logs.set_defaults(handler=commands.logs_command)
 
-    turns = commands.add_parser("turns", help="list recent turns of this token's roles")
+    turns = subcommands.add_parser("turns", help="list recent turns of this token's roles")
     _add_target_options(turns)
     _add_token_option(turns)
     turns.add_argument("--limit", type=int, default=20, metavar="N", help="how many (default 20)")
     turns.add_argument("--json", action="store_true", help="print the turns as JSON lines")
-    turns.set_defaults(handler=turns_command)
+    turns.set_defaults(handler=commands.turns_command)
 
-    health = commands.add_parser("health", help="print the target's health (exit 1: degraded)")
+    kill = subcommands.add_parser("kill", help="kill a running turn (every process of it)")
+    _add_target_options(kill)
+    _add_token_option(kill)
+    kill.add_argument("turn_id", metavar="TURN")
+    kill.add_argument(
+        "-s",
+        "--signal",
+        default="KILL",
+        choices=("KILL", "TERM", "INT", "HUP"),
+        help="the signal to send (default KILL)",
+    )
+    kill.add_argument("--json", action="store_true", help="print the turn as JSON")
+    kill.set_defaults(handler=commands.kill_command)
+
+    health = subcommands.add_parser("health", help="print the target's health (exit 1: degraded)")
     _add_target_options(health)
-    health.set_defaults(handler=health_command)
+    health.add_argument("--json", action="store_true", help="JSON (the only format it has)")
+    health.set_defaults(handler=commands.health_command)
 
-    _add_deploy_parser(commands)
+    add_deploy_parser(subcommands)
     return parser
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        # argparse would exit 2, which belongs to the command; paddock's own failures are 125.
-        raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
 def _add_target_options(parser: argparse.ArgumentParser) -> None:
@@ -174,75 +187,12 @@ def _add_target_options(parser: argparse.ArgumentParser) -> None:
         metavar="F",
         help="known_hosts file to check besides ~/.ssh/known_hosts (repeatable)",
     )
-
-
-def _add_deploy_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
-    deploy = commands.add_parser(
-        "deploy",
-        help="install or upgrade a target over SSH, and store it for -t NAME",
-        description="Upload this paddock and deploy/paddock-deploy over SSH, run it as root, "
-        "and store the target (route, tokens, pinned CA) under NAME for 'paddock run -t NAME'.",
+    parser.add_argument(
+        "--remote-cacert",
+        metavar="PATH",
+        help=f"with --ssh and no --cacert: the CA file on the SSH host to trust, read over "
+        f"SSH (default {REMOTE_CA}, where paddock deploy puts it)",
     )
-    deploy.add_argument("destination", metavar="USER@HOST[:PORT]")
-    deploy.add_argument(
-        "--role",
-        action="append",
-        default=[],
-        metavar="R",
-        help="a role to serve (repeatable; needed on a first deploy); each new one gets a token",
-    )
-    deploy.add_argument(
-        "-i", dest="identity", action="append", default=[], metavar="KEY", help="SSH key to offer"
-    )
-    deploy.add_argument(
-        "--known-hosts", action="append", default=[], metavar="F", help="another known_hosts file"
-    )
-    deploy.add_argument("--name", help="store the target under NAME (default: HOST)")
-    deploy.add_argument(
-        "--route",
-        choices=("ssh", "https"),
-        default="ssh",
-        help="how -t NAME reaches it: through SSH (default) or straight over HTTPS",
-    )
-    deploy.add_argument("--url", help="with --route https: the listener's URL as seen from here")
-    deploy.add_argument(
-        "--wheel", type=Path, metavar="W", help="a paddock wheel (default: build this checkout)"
-    )
-    deploy.add_argument(
-        "--wheelhouse",
-        type=Path,
-        metavar="DIR",
-        help="wheels of the dependencies, uploaded with it (a target without a package index)",
-    )
-    deploy.add_argument(
-        "--script", type=Path, metavar="F", help="the deploy script (default: the checkout's)"
-    )
-    deploy.add_argument(
-        "--python",
-        default="python3",
-        metavar="P",
-        help="the target's Python (3.11+) to run it with, e.g. /usr/bin/python3 "
-        "(default: python3 on the login's PATH); the service user must be able to run it",
-    )
-    deploy.add_argument("--json", action="store_true", help="pass the script's JSON lines through")
-    passed = deploy.add_argument_group("passed to paddock-deploy (see deploy/README.md)")
-    for flag, metavar in SCRIPT_VALUE_OPTIONS.items():
-        passed.add_argument(flag, metavar=metavar)
-    passed.add_argument("--service", choices=("auto", "systemd", "supervised"))
-    for flag, metavar in SCRIPT_REPEATED_OPTIONS.items():
-        passed.add_argument(flag, metavar=metavar, action="append", default=[], help="repeatable")
-    deploy.add_argument("--fail-at", help=argparse.SUPPRESS)  # the script's rollback tests
-    deploy.set_defaults(handler=deploy_command)
-
-
-SCRIPT_VALUE_OPTIONS = {
-    "--listen": "HOST:PORT",
-    "--prefix": "DIR",
-    "--state-root": "DIR",
-    "--config-dir": "DIR",
-    "--user": "USER",
-}
-SCRIPT_REPEATED_OPTIONS = {"--workspace": "DIR", "--tls-host": "NAME"}
 
 
 def _add_token_option(parser: argparse.ArgumentParser) -> None:
@@ -251,10 +201,26 @@ def _add_token_option(parser: argparse.ArgumentParser) -> None:
 
 def _add_request_options(parser: argparse.ArgumentParser) -> None:
     _add_token_option(parser)
-    parser.add_argument("--role", help="role to run as (PADDOCK_ROLE, else 'default')")
-    parser.add_argument("--cwd", metavar="D", help="working directory on the target (absolute)")
     parser.add_argument(
-        "-e", "--env", action="append", default=[], metavar="K=V", help="set a variable"
+        "--role", help="role to run as (PADDOCK_ROLE; default: the token's only role)"
+    )
+    parser.add_argument(
+        "-w", "--cwd", metavar="DIR", help="working directory on the target (absolute)"
+    )
+    parser.add_argument(
+        "-e",
+        "--env",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="set a variable; -e NAME passes this shell's value on (repeatable)",
+    )
+    parser.add_argument(
+        "--env-file",
+        action="append",
+        default=[],
+        metavar="F",
+        help="read variables from F, one NAME=VALUE (or NAME) a line; -e wins",
     )
     parser.add_argument("--write", action="append", default=[], metavar="P", help="writable path")
     parser.add_argument("--read", action="append", default=[], metavar="P", help="read-only path")
@@ -272,541 +238,39 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
-# -- resolving the command line -------------------------------------------------------
+# -- docker's habits that mean something else here -------------------------------------
 
+_NO_TERMINAL = (
+    "terminals are not supported yet: paddock forwards stdin when it is a pipe or a file "
+    "(echo input | paddock run -- CMD), and -i names an SSH key (-i KEY)"
+)
 
-def resolve_connection(
-    args: argparse.Namespace, environ: Mapping[str, str], *, need_token: bool = True
-) -> Connection:
-    """Target, token and CA: each from its flag, else its PADDOCK_* variable.
 
-    With ``--ssh`` the URL is the listener as seen from the SSH host, so only
-    ``--target`` names it: PADDOCK_TARGET names the target as seen from here.
-    With ``-t NAME`` all three come from the stored target.
-    """
-    if getattr(args, "target_name", None):
-        return _stored_connection(args, environ, need_token=need_token)
-    if getattr(args, "ssh", None):
-        url = args.target or DEFAULT_SSH_TARGET
-    else:
-        _refuse_ssh_options_without_ssh(args)
-        url = args.target or environ.get("PADDOCK_TARGET")
-    if not url:
-        raise UsageError(
-            "no target: give --target URL or set PADDOCK_TARGET (or use --local or --ssh)"
-        )
-    token: str | None = None
-    token_file = getattr(args, "token_file", None)
-    if token_file:
-        token = read_token(token_file)
-    elif environ.get("PADDOCK_TOKEN"):
-        token = environ["PADDOCK_TOKEN"].strip()
-    elif need_token:
-        raise UsageError("no token: give --token-file F or set PADDOCK_TOKEN")
-    return Connection(url=url, token=token, cacert=args.cacert or environ.get("PADDOCK_CACERT"))
+def _options_part(argv: Sequence[str]) -> list[str]:
+    """The tokens before ``--``: the part that is paddock's, not the command's."""
+    return list(argv[: argv.index("--")]) if "--" in argv else list(argv)
 
 
-def _stored_connection(
-    args: argparse.Namespace, environ: Mapping[str, str], *, need_token: bool
-) -> Connection:
-    """``-t NAME``: the stored route, token and CA; --token-file and --cacert still win."""
-    from agent_side import targets_file
+def _refuse_terminal_options(argv: Sequence[str]) -> None:
+    """``-i`` with no key after it is ``docker run -i``; argparse would only say it lacks one."""
+    options = _options_part(argv)
+    for position, word in enumerate(options):
+        if word == "-i" and position + 1 == len(options):
+            raise UsageError(f"-i: {_NO_TERMINAL}")
 
-    name = args.target_name
-    for flag, value in (("--target", args.target), ("--ssh", args.ssh)):
-        if value:
-            raise UsageError(f"-t {name} names the target already; drop {flag}")
-    entry = targets_file.load(name, environ)
-    if entry.route != "ssh":
-        _refuse_ssh_options_without_ssh(args)
-    role = getattr(args, "role", None) or entry.default_role or _only(entry.tokens) or DEFAULT_ROLE
-    token = None
-    token_file = getattr(args, "token_file", None)
-    if token_file:
-        token = read_token(token_file)
-    elif need_token:
-        token = read_token(str(entry.token_file(role)))
-    cacert = args.cacert or entry.checked_ca()
-    return Connection(url=entry.url, token=token, cacert=cacert, stored=entry, role=role)
 
+def _refuse_glued_terminal_options(argv: Sequence[str], args: argparse.Namespace) -> None:
+    """``-it`` parses as ``-i t`` (a key file named t) and ``-ti`` as ``-t i``: neither is meant."""
+    command = getattr(args, "command", None) or []
+    options = argv[: len(argv) - len(command)]
+    glued = [word for word in options if word in ("-it", "-ti")]
+    if glued:
+        raise UsageError(f"{glued[0]}: {_NO_TERMINAL}")
 
-def _only(names: Mapping[str, object]) -> str | None:
-    return next(iter(names)) if len(names) == 1 else None
 
-
-def _refuse_ssh_options_without_ssh(args: argparse.Namespace) -> None:
-    given = [
-        flag
-        for flag, value in (("-i", args.identity), ("--known-hosts", args.known_hosts))
-        if value
-    ]
-    if given:
-        flags = " and ".join(given)
-        raise UsageError(f"{flags} only apply with --ssh USER@HOST, or -t NAME of an SSH route")
-
-
-def open_target(
-    args: argparse.Namespace, environ: Mapping[str, str], connection: Connection
-) -> Target:
-    """The target the command line names: through SSH with ``--ssh``, else directly."""
-    stored = connection.stored
-    if stored is not None and stored.route == "ssh" and stored.ssh is not None:
-        return Target.ssh(
-            stored.ssh,
-            token=connection.token,
-            url=connection.url,
-            cacert=connection.cacert,
-            identity_files=args.identity or stored.identity_files,
-            known_hosts=args.known_hosts or stored.known_hosts,
-            passphrase=ssh_passphrase(environ),
-        )
-    if not getattr(args, "ssh", None):
-        return Target.https(connection.url, token=connection.token, cacert=connection.cacert)
-    return Target.ssh(
-        args.ssh,
-        token=connection.token,
-        url=connection.url,
-        cacert=connection.cacert,
-        identity_files=args.identity,
-        known_hosts=args.known_hosts,
-        passphrase=ssh_passphrase(environ),
-    )
-
-
-def ssh_passphrase(environ: Mapping[str, str]) -> PassphraseSource:
-    """PADDOCK_SSH_PASSPHRASE when set (for unattended use), else a prompt on the terminal."""
-    from agent_side.ssh import interactive_passphrase
-
-    secret = environ.get("PADDOCK_SSH_PASSPHRASE")
-    if secret is not None:
-        return lambda _path: secret
-    return interactive_passphrase
-
-
-def resolve_role(
-    args: argparse.Namespace, environ: Mapping[str, str], connection: Connection | None = None
-) -> str:
-    """``--role``, else the stored target's role, else PADDOCK_ROLE, else ``default``."""
-    if connection is not None and connection.role is not None:
-        return connection.role
-    return str(args.role or environ.get("PADDOCK_ROLE") or DEFAULT_ROLE)
-
-
-def read_token(path: str) -> str:
-    """The token in ``path``, surrounding whitespace removed; warns if others may read it."""
-    try:
-        with open(path, encoding="utf-8") as source:
-            token = source.read().strip()
-            mode = os.fstat(source.fileno()).st_mode
-    except OSError as exc:
-        raise UsageError(f"cannot read token file {path}: {exc.strerror}") from exc
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"token file {path} is not UTF-8 text") from exc
-    if not token:
-        raise UsageError(f"token file {path} is empty")
-    if mode & 0o077:
-        say(
-            f"warning: token file {path} is open to group or others (mode {mode & 0o777:o}); "
-            "chmod 600 it"
-        )
-    return token
-
-
-def build_request(args: argparse.Namespace, role: str, local_cwd: str | None) -> TurnRequest:
-    """The TurnRequest the command line asks for.
-
-    ``local_cwd`` is set only for ``--local``: relative paths then mean paths
-    on this machine and are joined to it (not normalised: the target's walk
-    resolves ``..`` physically). For a remote target they are an error.
-    """
-    argv = list(args.command)
-    if argv[:1] == ["--"]:
-        argv = argv[1:]
-    if not argv:
-        raise UsageError("give the command to run after '--', e.g. paddock run -- make test")
-    cwd = _target_path(args.cwd, "--cwd", local_cwd) if args.cwd else local_cwd
-    return new_request(
-        role=role,
-        argv=argv,
-        cwd=cwd,
-        env=_env_pairs(args.env),
-        read=[_target_path(p, "--read", local_cwd) for p in args.read],
-        write=[_target_path(p, "--write", local_cwd) for p in args.write],
-        network=args.net,
-        wall_s=args.timeout,
-    )
-
-
-def _target_path(path: str, flag: str, local_cwd: str | None) -> str:
-    if path.startswith("/"):
-        return path
-    if local_cwd is None:
-        raise UsageError(
-            f"{flag} {path!r} is relative; give an absolute path on the target "
-            "(relative paths are accepted only with --local)"
-        )
-    return os.path.join(local_cwd, path)
-
-
-def _env_pairs(pairs: Sequence[str]) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
-            raise UsageError(f"-e {pair!r} is not NAME=VALUE")
-        env[name] = value
-    return env
-
-
-# -- run ------------------------------------------------------------------------------
-
-
-def run_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    """``paddock run``: submit, stream, forward Ctrl-C, and return the turn's status."""
-    if args.local:
-        _refuse_with_local(args)
-        from agent_side.local import LOCAL_ROLE, local_target
-
-        local_cwd = os.getcwd()
-        request = _with_stdin(args, build_request(args, args.role or LOCAL_ROLE, local_cwd))
-        with (
-            local_target(local_cwd) as local,
-            Target.https(local.url, token=local.token, cacert=local.cacert) as target,
-        ):
-            return run_turn(target.client, request, as_json=args.json)
-    connection = resolve_connection(args, environ)
-    role = resolve_role(args, environ, connection)
-    request = _with_stdin(args, build_request(args, role, None))
-    with open_target(args, environ, connection) as target:
-        return run_turn(target.client, request, as_json=args.json)
-
-
-def _with_stdin(args: argparse.Namespace, request: TurnRequest) -> TurnRequest:
-    """Open the turn's stdin when ours is a pipe or file (``echo x | paddock run -- cat``)."""
-    if args.no_stdin or _stdin_fd() is None:
-        return request
-    return request.model_copy(update={"stdin": "open"})
-
-
-def _stdin_fd() -> int | None:
-    """Our stdin's descriptor if it is something to forward: open, and not a terminal."""
-    try:
-        fd = sys.stdin.fileno()
-    except (AttributeError, OSError, ValueError):
-        return None
-    return None if os.isatty(fd) else fd
-
-
-def _refuse_with_local(args: argparse.Namespace) -> None:
-    flags = (
-        ("--target", args.target),
-        ("--cacert", args.cacert),
-        ("--ssh", args.ssh),
-        ("-t", args.target_name),
-        ("-i", args.identity),
-        ("--known-hosts", args.known_hosts),
-    )
-    given = [f for f, v in flags if v]
-    if getattr(args, "token_file", None):
-        given.append("--token-file")
-    if given:
-        raise UsageError(f"--local starts its own target; drop {', '.join(given)}")
-    if getattr(args, "role", None) not in (None, "default"):
-        raise UsageError("the --local target has one role, 'default'; drop --role")
-
-
-def run_turn(client: TargetClient, request: TurnRequest, *, as_json: bool) -> int:
-    """Run ``request`` on the target and return the status ``paddock run`` exits with."""
-    forwarder = SignalForwarder(client)
-    feeder = StdinFeeder(client) if request.stdin == "open" else None
-
-    def submitted(turn_id: str) -> None:
-        forwarder.attach(turn_id)
-        if feeder is not None:
-            feeder.start(turn_id)
-
-    with forwarder.installed():
-        sink = _Sink(as_json=as_json, on_broken_pipe=lambda: forwarder.send("TERM"))
-        finished = drive(client, request, sink.event, on_submitted=submitted)
-    final = finished.turn
-    if final.refusal is not None and not sink.refusal_shown:
-        say(refusal_sentence(final.refusal))
-    sink.turn(final)
-    return finished.exit_status
-
-
-class _Sink:
-    """Writes events as they arrive: raw bytes to stdout/stderr, or JSON lines."""
-
-    def __init__(self, *, as_json: bool, on_broken_pipe: Callable[[], None]) -> None:
-        self._as_json = as_json
-        self._on_broken_pipe = on_broken_pipe
-        self._stdout_open = True
-        self.refusal_shown = False
-
-    def event(self, event: Event) -> None:
-        if event.kind == "refused":
-            say(refusal_sentence(event.refusal))
-            self.refusal_shown = True
-        if self._as_json:
-            self._stdout((event.model_dump_json() + "\n").encode())
-        elif isinstance(event, OutputEvent):
-            if event.kind == "stdout":
-                self._stdout(output_bytes(event))
-            else:
-                _write(sys.stderr, output_bytes(event))
-        elif event.kind == "notice":
-            say(f"notice: {event.message}")
-
-    def turn(self, turn: Turn) -> None:
-        if self._as_json:
-            self._stdout((turn.model_dump_json() + "\n").encode())
-
-    def _stdout(self, data: bytes) -> None:
-        if not self._stdout_open:
-            return
-        try:
-            _write(sys.stdout, data)
-        except BrokenPipeError:
-            # Like SIGPIPE for a local pipeline: nobody reads on, so stop the producer.
-            self._stdout_open = False
-            _silence_stdout()
-            self._on_broken_pipe()
-
-
-def _write(stream: TextIO, data: bytes) -> None:
-    stream.flush()  # keep text already written ahead of these bytes
-    stream.buffer.write(data)
-    stream.buffer.flush()
-
-
-def _silence_stdout() -> None:
-    # Point fd 1 at /dev/null so interpreter shutdown does not trip on the dead pipe.
-    with contextlib.suppress(OSError, ValueError):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-
-
-# -- Ctrl-C ---------------------------------------------------------------------------
-
-
-class SignalForwarder:
-    """Ctrl-C sends INT to the turn; a second sends KILL; a third stops waiting for it.
-
-    The handler runs on the main thread between bytecodes, so it only decides;
-    a helper thread does the HTTP request and the talking.
-    """
-
-    def __init__(self, client: TargetClient) -> None:
-        self._client = client
-        self._turn_id: str | None = None
-        self._pending: str | None = None
-        self._presses = 0
-        self._posting: list[threading.Thread] = []
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[SignalForwarder]:
-        """Handle SIGINT while the block runs (only the main thread can)."""
-        if threading.current_thread() is not threading.main_thread():
-            yield self
-            return
-        previous = signal.signal(signal.SIGINT, self._on_sigint)
-        try:
-            yield self
-        finally:
-            signal.signal(signal.SIGINT, previous)
-            # A KILL still on its way must reach the target before the client closes.
-            for thread in self._posting:
-                thread.join(POST_GRACE_S)
-
-    def attach(self, turn_id: str) -> None:
-        """The turn now exists; deliver a Ctrl-C that came before it did."""
-        self._turn_id = turn_id
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            self.send(pending)
-
-    def send(self, name: str) -> None:
-        """Post ``name`` to the turn from a helper thread."""
-        turn_id = self._turn_id
-        if turn_id is None:
-            self._pending = name
-            return
-        thread = threading.Thread(
-            target=self._deliver, args=(turn_id, name), daemon=True, name="paddock-signal"
-        )
-        self._posting.append(thread)
-        thread.start()
-
-    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
-        self._presses += 1
-        if self._presses >= 3:
-            raise KeyboardInterrupt
-        self.send("INT" if self._presses == 1 else "KILL")
-
-    def _deliver(self, turn_id: str, name: str) -> None:
-        try:
-            self._client.signal(turn_id, name)
-        except (AgentError, RuntimeError) as exc:
-            say(f"could not send {name} to turn {turn_id}: {exc}")
-            return
-        if name == "INT":
-            say(f"sent INT to turn {turn_id}; Ctrl-C again sends KILL")
-
-
-# -- stdin ----------------------------------------------------------------------------
-
-
-class StdinFeeder:
-    """Copies this process's stdin to the turn's, from a helper thread, then closes it."""
-
-    CHUNK = 64 * 1024
-
-    def __init__(self, client: TargetClient) -> None:
-        self._client = client
-
-    def start(self, turn_id: str) -> None:
-        threading.Thread(
-            target=self._copy, args=(turn_id,), daemon=True, name="paddock-stdin"
-        ).start()
-
-    def _copy(self, turn_id: str) -> None:
-        fd = _stdin_fd()
-        try:
-            while fd is not None and (chunk := os.read(fd, self.CHUNK)):
-                self._client.write_stdin(turn_id, chunk)
-            self._client.write_stdin(turn_id, b"", eof=True)
-        except (AgentError, RuntimeError, OSError, ValueError):
-            # The turn ended without reading it all (like a closed pipe), or we are closing.
-            return
-
-
-# -- plan, logs, turns ------------------------------------------------------------------
-
-
-def plan_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    """``paddock plan``: print the fence a command would get; exit as ``run`` would refuse."""
-    if args.local:
-        _refuse_with_local(args)
-        from agent_side.local import LOCAL_ROLE, local_target
-
-        local_cwd = os.getcwd()
-        request = build_request(args, args.role or LOCAL_ROLE, local_cwd)
-        with (
-            local_target(local_cwd) as local,
-            Target.https(local.url, token=local.token, cacert=local.cacert) as target,
-        ):
-            return print_plan(target.client.plan(request), as_json=args.json)
-    connection = resolve_connection(args, environ)
-    request = build_request(args, resolve_role(args, environ, connection), None)
-    with open_target(args, environ, connection) as target:
-        return print_plan(target.client.plan(request), as_json=args.json)
-
-
-def logs_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    """``paddock logs TURN``: its output so far; with ``--follow``, to its end and status."""
-    _refuse_local_for(args, "logs")
-    connection = resolve_connection(args, environ)
-    with open_target(args, environ, connection) as target:
-        client = target.client
-        sink = _Sink(as_json=args.json, on_broken_pipe=lambda: None)
-        events = (
-            client.follow(args.turn_id) if args.follow else client.events(args.turn_id, wait=0.5)
-        )
-        terminal = None
-        for event in events:
-            sink.event(event)
-            if event.kind in ("exit", "refused"):
-                terminal = event
-        if not args.follow:
-            return 0
-        return exit_status(client.turn(args.turn_id), terminal)
-
-
-def turns_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    """``paddock turns``: the recent turns of this token's roles, as a table."""
-    _refuse_local_for(args, "turns")
-    if args.limit < 1:
-        raise UsageError("--limit must be at least 1")
-    connection = resolve_connection(args, environ)
-    with open_target(args, environ, connection) as target:
-        return print_turns(target.client.turns(args.limit), as_json=args.json)
-
-
-def _refuse_local_for(args: argparse.Namespace, command: str) -> None:
-    if args.local:
-        raise UsageError(
-            f"--local starts a target that lives only for one 'paddock run'; "
-            f"'paddock {command}' needs a lasting one (--target, --ssh or -t)"
-        )
-
-
-# -- health ---------------------------------------------------------------------------
-
-
-def health_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    """``paddock health``: print the health JSON; exit 0 armed, 1 degraded."""
-    if args.local:
-        _refuse_with_local(args)
-        from agent_side.local import local_target
-
-        with (
-            local_target() as local,
-            Target.https(local.url, token=None, cacert=local.cacert) as target,
-        ):
-            return _print_health(target)
-    connection = resolve_connection(args, environ, need_token=False)
-    with open_target(args, environ, connection) as target:
-        return _print_health(target)
-
-
-def _print_health(target: Target) -> int:
-    health = target.health()
-    _write(sys.stdout, (health.model_dump_json() + "\n").encode())
-    return 0 if health.status == "armed" else 1
-
-
-# -- deploy ---------------------------------------------------------------------------
-
-
-def deploy_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    """``paddock deploy``: the target's own exit status (0..3), or 125 if paddock failed."""
-    from agent_side.deploy import DeployRequest, deploy, script_options
-
-    if args.url is not None and args.route != "https":
-        raise UsageError("--url names a direct route: give --route https too")
-    pairs = [(flag, getattr(args, _dest(flag))) for flag in SCRIPT_VALUE_OPTIONS]
-    pairs.append(("--service", args.service))
-    pairs += [(flag, v) for flag in SCRIPT_REPEATED_OPTIONS for v in getattr(args, _dest(flag))]
-    request = DeployRequest(
-        destination=args.destination,
-        roles=tuple(args.role),
-        identity_files=tuple(args.identity),
-        known_hosts=tuple(args.known_hosts),
-        script_options=script_options(pairs, args.fail_at),
-        name=args.name,
-        route=args.route,
-        url=args.url,
-        wheel=args.wheel,
-        wheelhouse=args.wheelhouse,
-        script=args.script,
-        python=args.python,
-        as_json=args.json,
-    )
-    return deploy(request, environ, ssh_passphrase(environ))
-
-
-def _dest(flag: str) -> str:
-    return flag.removeprefix("--").replace("-", "_")
-
-
-# -- output ---------------------------------------------------------------------------
-
-
-def _failed(exc: AgentError) -> int:
-    say(f"{exc.label}: {exc}")
-    return int(ExitStatus.PADDOCK_FAILED)
+def _asks_for_json(argv: Sequence[str]) -> bool:
+    """Whether ``--json`` is among paddock's own options, before parsing has succeeded."""
+    return "--json" in _options_part(argv)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ delivered (the target neither loses nor repeats events after a cursor).
 
 from __future__ import annotations
 
-import ipaddress
 import ssl
 import time
 from collections.abc import Callable, Iterator
@@ -18,9 +17,11 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TypeVar
 
+import httpcore
 import httpx
 from pydantic import BaseModel, RootModel, ValidationError
 
+from agent_side import probe
 from agent_side.errors import (
     AgentError,
     AuthRejected,
@@ -28,12 +29,17 @@ from agent_side.errors import (
     ProtocolError,
     RequestRejected,
     TargetUnreachable,
+    TlsFailure,
     TurnLost,
+    UnknownTurn,
     UsageError,
+    WrongScheme,
     map_transport_error,
+    ssl_cause,
 )
 from agent_side.sse import ServerSentEvent, SSEDecoder
 from shared import __version__
+from shared.net import is_loopback
 from shared.wire import (
     EVENTS,
     TERMINAL_KINDS,
@@ -41,6 +47,7 @@ from shared.wire import (
     Health,
     PlanResult,
     Problem,
+    RoleList,
     SignalRequest,
     Turn,
     TurnRequest,
@@ -89,6 +96,10 @@ class TargetClient:
     The bearer token goes only to routes that need it (not to health), and
     never over plain HTTP to a host other than loopback. Without a token
     (``None``) only ``health`` can succeed.
+
+    ``probe_backend`` opens connections the way ``transport`` does, for one
+    question asked only when the first exchange fails: does the listener speak
+    TLS or plain HTTP (see ``probe``)? Direct connections need none given.
     """
 
     def __init__(
@@ -101,8 +112,15 @@ class TargetClient:
         timeout: httpx.Timeout = DEFAULT_TIMEOUT,
         retry: RetryPolicy | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        probe_backend: httpcore.NetworkBackend | None = None,
     ) -> None:
         url = _checked_base_url(base_url, using_transport=transport is not None)
+        self._url = url
+        if probe_backend is None and transport is None:
+            probe_backend = httpcore.SyncBackend()
+        self._probe_backend = probe_backend
+        self._answered = False
+        """Set once the listener has answered in HTTP: from then on the scheme is right."""
         self._auth = {} if token is None else {"Authorization": f"Bearer {_checked_token(token)}"}
         self._base_url = str(url).rstrip("/")
         self._retry = retry or RetryPolicy()
@@ -189,6 +207,16 @@ class TargetClient:
         )
         return self._model(Turn, response, 202)
 
+    def roles(self) -> list[str]:
+        """The roles this token holds, sorted (``GET /v1/roles``)."""
+        response = self._request("GET", "/v1/roles", accept=(404,))
+        if response.status_code == 404:
+            raise ProtocolError(
+                "this target does not say which roles a token holds (it has no GET /v1/roles); "
+                "name the role (--role R or PADDOCK_ROLE; role= in Python)"
+            )
+        return self._model(RoleList, response, 200).roles
+
     def turns(self, limit: int = 50) -> list[Turn]:
         """The newest ``limit`` turns of this token's roles, newest first."""
         response = self._request("GET", "/v1/turns", params={"limit": str(limit)})
@@ -214,6 +242,7 @@ class TargetClient:
             self._mapped(path),
             self._http.stream("GET", path, params=params, headers=headers) as response,
         ):
+            self._answered = True
             if response.status_code != 200:
                 response.read()
                 raise _status_error(response, turn_id=turn_id)
@@ -295,7 +324,9 @@ class TargetClient:
         params: dict[str, str] | None = None,
         content_type: str = "application/json",
         turn_id: str | None = None,
+        accept: tuple[int, ...] = (),
     ) -> httpx.Response:
+        """The response to one request; an ``AgentError`` unless it succeeded or is ``accept``ed."""
         self._require_open()
         all_headers = {**(self._auth if auth else {}), **(headers or {})}
         if content is not None:
@@ -304,7 +335,8 @@ class TargetClient:
             response = self._http.request(
                 method, path, content=content, headers=all_headers, params=params
             )
-        if not response.is_success:
+        self._answered = True
+        if not response.is_success and response.status_code not in accept:
             raise _status_error(response, turn_id=turn_id)
         return response
 
@@ -328,7 +360,38 @@ class TargetClient:
         try:
             yield
         except httpx.HTTPError as exc:
-            raise map_transport_error(exc, self._base_url + path) from exc
+            mapped = map_transport_error(exc, self._base_url + path)
+            raise (self._wrong_scheme(mapped, exc) or mapped) from exc
+
+    def _wrong_scheme(self, mapped: AgentError, exc: httpx.HTTPError) -> WrongScheme | None:
+        """``WrongScheme`` if the first exchange failed because the URL's scheme is wrong."""
+        backend = self._probe_backend
+        if self._answered or backend is None:
+            return None
+        url = self._url
+        port = url.port or (443 if url.scheme == "https" else 80)
+        where = f"[{url.host}]:{port}" if ":" in url.host else f"{url.host}:{port}"
+        if (
+            url.scheme == "http"
+            and isinstance(mapped, ConnectionDropped)
+            and probe.speaks_tls(backend, url.host, port)
+        ):
+            return WrongScheme(
+                f"{where} speaks HTTPS, not plain HTTP: give https://{where} as the target "
+                "URL (with --cacert / PADDOCK_CACERT for the CA that signed its certificate)"
+            )
+        certificate_refused = isinstance(ssl_cause(exc), ssl.SSLCertVerificationError)
+        if (
+            url.scheme == "https"
+            and isinstance(mapped, TlsFailure)
+            and not certificate_refused
+            and probe.speaks_plain_http(backend, url.host, port)
+        ):
+            return WrongScheme(
+                f"{where} speaks plain HTTP, not HTTPS: give http://{where} as the target URL "
+                "(plain HTTP is accepted only for loopback addresses and through --ssh)"
+            )
+        return None
 
     def _require_open(self) -> None:
         if self._closed:
@@ -350,16 +413,6 @@ def _checked_base_url(base_url: str, *, using_transport: bool) -> httpx.URL:
     return url
 
 
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` is a loopback address or ``localhost``."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _checked_token(token: str) -> str:
     if not token or any(c.isspace() or not c.isprintable() for c in token):
         raise UsageError("the token is empty or contains spaces or control characters")
@@ -372,6 +425,14 @@ def tls_context(cacert: str | None) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=cacert)
     except (OSError, ssl.SSLError) as exc:
         raise UsageError(f"cannot load CA certificate {cacert}: {exc}") from exc
+
+
+def pinned_tls_context(ca_pem: str, source: str) -> ssl.SSLContext:
+    """A verifying TLS context trusting only the CA certificate(s) in ``ca_pem``."""
+    try:
+        return ssl.create_default_context(cadata=ca_pem)
+    except (ssl.SSLError, ValueError) as exc:
+        raise UsageError(f"{source} holds no usable CA certificate: {exc}") from exc
 
 
 def _segment(turn_id: str) -> str:
@@ -412,7 +473,10 @@ def _status_error(response: httpx.Response, *, turn_id: str | None) -> AgentErro
     if status == 403:
         return AuthRejected(f"the token does not hold that role (403: {said}); check --role")
     if status == 404 and turn_id is not None:
-        return TurnLost(f"the target does not know turn {turn_id} (404: {said})")
+        return UnknownTurn(
+            f"the target does not know turn {turn_id} (404: {said}); "
+            "'paddock turns' lists the turns it keeps"
+        )
     if 400 <= status < 500:
         return RequestRejected(f"the target rejected the request ({status}: {said})")
     return ProtocolError(

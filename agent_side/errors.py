@@ -9,11 +9,13 @@
      ├── SshAuthFailed        the SSH server accepted none of the keys offered
      ├── SshFailure           the SSH connection works but refused what paddock asked of it
      ├── TlsFailure           a connection opened, but the target's certificate was not trusted
+     ├── WrongScheme          the listener speaks HTTPS where http:// was given, or the reverse
      ├── ConnectionDropped    an open connection broke mid-exchange; a stream can resume
      ├── AuthRejected         the target refused the token (401) or its role (403)
      ├── RequestRejected      the target refused the request itself (4xx problem)
      ├── ProtocolError        the target answered with something the contract does not allow
-     └── TurnLost             the target no longer has the turn (crash, restart)
+     ├── UnknownTurn          the target knows no turn by that id (mistyped, or long removed)
+     └── TurnLost             the target marked the turn lost (it crashed or restarted)
 
 Every one of these makes the CLI exit 125: paddock itself failed, not the command.
 An ``SshUnreachable`` is a ``TargetUnreachable``, so a stream that resumes after a
@@ -85,6 +87,12 @@ class TlsFailure(AgentError):
     label = "TLS failure"
 
 
+class WrongScheme(AgentError):
+    """The listener answered in TLS to ``http://``, or in plain HTTP to ``https://``."""
+
+    label = "wrong scheme"
+
+
 class ConnectionDropped(AgentError):
     """A connection broke after it was opened; an event stream can resume from its cursor."""
 
@@ -109,8 +117,14 @@ class ProtocolError(AgentError):
     label = "protocol error"
 
 
+class UnknownTurn(AgentError):
+    """The target knows no turn by that id: mistyped, or removed after its retention time."""
+
+    label = "unknown turn"
+
+
 class TurnLost(AgentError):
-    """The target no longer knows the turn, or marked it lost after a crash."""
+    """The target marked the turn lost: it crashed or restarted while the turn ran."""
 
     label = "turn lost"
 
@@ -131,7 +145,7 @@ def map_transport_error(exc: httpx.HTTPError, url: str) -> AgentError:
         # A fresh instance: re-raising the original from ``exc`` would loop its cause chain.
         return type(known)(str(known))
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
-        tls = _ssl_cause(exc)
+        tls = ssl_cause(exc)
         if tls is not None:
             return TlsFailure(f"TLS handshake with {url} failed ({_ssl_reason(tls)}); {_TLS_HINT}")
         return TargetUnreachable(
@@ -153,7 +167,7 @@ def map_transport_error(exc: httpx.HTTPError, url: str) -> AgentError:
     return ProtocolError(f"talking to {url} failed: {type(exc).__name__}: {exc}")
 
 
-def _ssl_cause(exc: BaseException) -> ssl.SSLError | None:
+def ssl_cause(exc: BaseException) -> ssl.SSLError | None:
     """The ``ssl.SSLError`` somewhere in ``exc``'s cause chain (httpx wraps it twice)."""
     seen: set[int] = set()
     current: BaseException | None = exc

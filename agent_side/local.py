@@ -21,9 +21,10 @@ from pathlib import Path
 
 from target_side.config import RoleConfig, ServerConfig, Settings
 from target_side.service.server import ServerThread
-from target_side.tools.tls import make_tls_material
+from target_side.tools.tls import make_tls_material, write_tls_files
 
 LOCAL_ROLE = "default"
+"""The embedded target's one role."""
 
 
 @dataclass(frozen=True)
@@ -59,26 +60,16 @@ def local_target(workspace: str | None = None) -> Iterator[LocalTarget]:
 
 
 def _settings(root: Path, workspace: str, token_sha256: str) -> Settings:
-    material = make_tls_material(["127.0.0.1"])
-    _write_private(root / "ca.pem", material.ca_cert_pem)
-    _write_private(root / "cert.pem", material.cert_chain_pem)
-    _write_private(root / "key.pem", material.key_pem)
+    files = write_tls_files(root, make_tls_material(["127.0.0.1"]))
     return Settings(
         server=ServerConfig(
             listen="127.0.0.1:0",
-            tls_cert=str(root / "cert.pem"),
-            tls_key=str(root / "key.pem"),
+            tls_cert=str(files.cert_chain),
+            tls_key=str(files.key),
             state_root=str(root / "state"),
         ),
         roles={LOCAL_ROLE: RoleConfig(token_sha256=token_sha256, workspaces=(workspace,))},
     )
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    # O_EXCL: never write through a file (or symlink) someone placed there first.
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as out:
-        out.write(data)
 
 
 def _private_parent(workspace: str) -> str:

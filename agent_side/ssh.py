@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import getpass
+import logging
 import os
 import socket
 import sys
@@ -83,6 +84,15 @@ each read, and a fast sender keeps up to a window of it buffered per channel.
 MAX_PACKET_SIZE = 64 * 1024
 """Largest data packet the server may send us. 32 KiB (OpenSSH's default) was up
 to 2x slower with windows of 8 MiB and more; 128 KiB gained nothing over 64 KiB."""
+
+REMOTE_FILE_LIMIT = 1 << 20
+"""The most ``read_file`` takes from the SSH host: a CA certificate is a few KiB."""
+
+# paramiko logs what it then raises (``Secsh channel 0 open FAILED: ...``), and with
+# no logging configured Python prints those records on stderr. Every failure reaches
+# the caller as an ``AgentError`` instead; an application that configures logging
+# still receives them through the root logger.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 PassphraseSource = Callable[[str], str | None]
 """Given a key file's path, its passphrase, or None when there is none to give."""
@@ -474,6 +484,26 @@ class SshConnection:
     def transport(self) -> paramiko.Transport:
         """The live, verified transport (reconnecting if it died), for sessions such as SFTP."""
         return self._transport()
+
+    def read_file(self, path: str, limit: int = REMOTE_FILE_LIMIT) -> bytes | None:
+        """The bytes of ``path`` on the SSH host, read over SFTP; None if it does not exist."""
+        try:
+            sftp = paramiko.SFTPClient.from_transport(self._transport())
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise SshFailure(f"{self.endpoint} offers no SFTP session ({exc})") from exc
+        if sftp is None:
+            raise SshFailure(f"{self.endpoint} offers no SFTP session")
+        with sftp:
+            try:
+                with sftp.open(path, "rb") as remote:
+                    data: bytes = remote.read(limit + 1)
+            except FileNotFoundError:
+                return None
+            except (OSError, paramiko.SSHException, EOFError) as exc:
+                raise SshFailure(f"cannot read {path} on {self.endpoint}: {exc}") from exc
+        if len(data) > limit:
+            raise SshFailure(f"{path} on {self.endpoint} is larger than {limit} bytes")
+        return data
 
     def _transport(self) -> paramiko.Transport:
         with self._lock:

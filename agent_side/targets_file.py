@@ -24,6 +24,8 @@
 
 Every file is written whole to a temporary name beside it and renamed over the
 old one, so a crash leaves the old file or the new one, never half of either.
+A key this module does not know is an error that names it: a misspelt
+``default_role`` must not quietly mean "no default".
 """
 
 from __future__ import annotations
@@ -48,6 +50,23 @@ ROUTES = ("ssh", "https")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 """Entry names: host names, IP addresses (IPv6 too) and aliases; never a path."""
 _PEM_CERTIFICATE = re.compile(r"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", re.S)
+ENTRY_KEYS = frozenset(
+    {
+        "route",
+        "url",
+        "ssh",
+        "identity_files",
+        "known_hosts",
+        "ca_file",
+        "ca_sha256",
+        "cert_sha256",
+        "tokens",
+        "default_role",
+        "release",
+        "deployed_at",
+    }
+)
+"""The keys a ``[targets.NAME]`` table may hold."""
 _HEADER = (
     "# paddock's targets, written by `paddock deploy`; `paddock run -t NAME` reads them.\n"
     "# Tokens and CA certificates are in the files named here, each 0600.\n"
@@ -154,6 +173,9 @@ def _read_index(directory: Path) -> dict[str, Any]:
         return {}
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise UsageError(f"cannot read {path}: {exc}") from exc
+    unknown = sorted(set(data) - {"targets"})
+    if unknown:
+        raise UsageError(f"{path}: unknown key {unknown[0]!r}; only [targets.NAME] tables belong")
     targets = data.get("targets", {})
     if not isinstance(targets, dict):
         raise UsageError(f"{path}: 'targets' must be a table")
@@ -164,6 +186,12 @@ def _entry(name: str, table: Any, directory: Path) -> StoredTarget:
     where = f"{directory / INDEX_NAME} [targets.{name}]"
     if not isinstance(table, dict):
         raise UsageError(f"{where} is not a table")
+    unknown = sorted(set(table) - ENTRY_KEYS)
+    if unknown:
+        raise UsageError(
+            f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(ENTRY_KEYS))}); "
+            "correct its spelling or remove it"
+        )
     route, url = table.get("route"), table.get("url")
     if route not in ROUTES or not isinstance(url, str):
         raise UsageError(f'{where}: needs route = "ssh" or "https", and url')

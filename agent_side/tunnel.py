@@ -250,12 +250,14 @@ class SshTransport(httpx.BaseTransport):
         limits: httpx.Limits | None = None,
     ) -> None:
         limits = limits or httpx.Limits(max_connections=20, max_keepalive_connections=5)
+        self.network_backend = SshNetworkBackend(connection)
+        """How this transport opens connections, for ``TargetClient``'s scheme probe."""
         self._pool = httpcore.ConnectionPool(
             ssl_context=ssl_context,
             max_connections=limits.max_connections,
             max_keepalive_connections=limits.max_keepalive_connections,
             keepalive_expiry=limits.keepalive_expiry,
-            network_backend=SshNetworkBackend(connection),
+            network_backend=self.network_backend,
         )
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:

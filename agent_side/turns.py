@@ -2,8 +2,9 @@
 
 ``drive`` submits with an idempotency key, follows the event stream to its
 terminal event (resuming by cursor through dropped connections), and reads the
-turn's final state; ``exit_status`` turns that into DESIGN.md's status. Both
-callers go through here, so ``paddock run`` and ``Target.run`` cannot disagree.
+turn's final state; ``exit_status`` turns that into DESIGN.md's status;
+``sole_role`` is the role a request runs as when none is named. Both callers go
+through here, so ``paddock run`` and ``Target.run`` cannot disagree.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pydantic import ValidationError
 
 from agent_side.client import TargetClient
 from agent_side.errors import ProtocolError, TurnLost, UsageError
+from shared.exit_status import is_exit_status
 from shared.wire import TERMINAL_KINDS, Event, FsAccess, Limits, OutputEvent, Turn, TurnRequest
 
 
@@ -90,9 +92,20 @@ def exit_status(final: Turn, terminal: Event | None) -> int:
         status = final.exit_code
     if status is None:
         raise ProtocolError(f"turn {final.turn_id} ended ({final.state}) without an exit status")
-    if not 0 <= status <= 255:
+    if not is_exit_status(status):
         raise ProtocolError(f"turn {final.turn_id} reported exit status {status}, not 0..255")
     return int(status)
+
+
+def sole_role(client: TargetClient) -> str:
+    """The only role the client's token holds; a ``UsageError`` naming them when it holds more."""
+    roles = client.roles()
+    if len(roles) == 1:
+        return roles[0]
+    raise UsageError(
+        f"the token holds {len(roles)} roles ({', '.join(roles) or 'none'}); name the one to run "
+        "as with --role R (or PADDOCK_ROLE; role= in Python)"
+    )
 
 
 def output_bytes(event: OutputEvent) -> bytes:

@@ -63,9 +63,29 @@ def print_turns(turns: list[Turn], *, as_json: bool) -> int:
     return 0
 
 
+CLI_FIXES: dict[tuple[str, str], str] = {
+    ("network-not-allowed", "network"): (
+        "drop --net, or have the operator set allow_network for the role"
+    ),
+    ("bad-mount", "cwd"): "create it on the target, or give --cwd an existing directory",
+    ("bad-mount", "fs.write"): "create it on the target, or give --write an existing directory",
+    ("bad-mount", "fs.read"): "create it on the target, or give --read an existing path",
+    ("limit-exceeds-role", "limits.wall_s"): "give a lower --timeout, or none",
+}
+"""The fix in the command line's words, by (rule, request field): the target speaks the wire's."""
+
+
 def refusal_sentence(refusal: Refusal) -> str:
-    """``refused (RULE, SUBJECT): DETAIL``, naming the path and what it resolved to."""
+    """``refused (RULE, SUBJECT): DETAIL``, naming the path and what it resolved to.
+
+    Where the command line has its own words for the fix (``drop --net``
+    rather than ``ask for network "none"``), they replace the target's.
+    """
     detail = refusal.detail.strip().rstrip(".")
+    fix = CLI_FIXES.get((refusal.rule, refusal.subject.partition("[")[0]))
+    if fix is not None:
+        # A refusal's detail reads "what is wrong; what to change": keep the what.
+        detail = f"{detail.partition('; ')[0]}; {fix}"
     where = _refused_path(refusal.path, refusal.resolved)
     return f"refused ({refusal.rule}, {refusal.subject}): {detail}{where}."
 

@@ -288,6 +288,38 @@ MUTATIONS = (
         ("tests/test_limits.py::test_without_cgroups_memory_falls_back_to_a_per_process_rlimit",),
     ),
     Mutation(
+        "roles-route-unauthenticated",
+        "target_side/service/app.py",
+        "    async def held_roles(roles: Roles) -> RoleList:",
+        "    async def held_roles() -> RoleList:",
+        ("tests/test_api.py -k roles",),
+        also=(("RoleList(roles=sorted(roles))", "RoleList(roles=sorted(settings.roles))"),),
+    ),
+    Mutation(
+        "token-file-open-to-others-accepted",
+        "agent_side/connection.py",
+        "            if mode & 0o077:",
+        "            if False:",
+        ("tests/test_connection.py -k token_file",),
+    ),
+    Mutation(
+        "ssh-remote-ca-not-verified",
+        "agent_side/client.py",
+        "        return ssl.create_default_context(cadata=ca_pem)",
+        "        context = ssl.create_default_context(cadata=ca_pem)\n"
+        "        context.check_hostname = False\n"
+        "        context.verify_mode = ssl.CERT_NONE\n"
+        "        return context",
+        ("tests/test_ssh.py -k ca_read_from_the_host",),
+    ),
+    Mutation(
+        "ssh-given-cacert-loses-to-the-hosts",
+        "agent_side/api.py",
+        "    if cacert is not None or remote_cacert is None:",
+        "    if remote_cacert is None:",
+        ("tests/test_ssh.py -k ca_read_from_the_host",),
+    ),
+    Mutation(
         "turn-cgroups-left-behind",
         "target_side/fence/limits.py",
         "            if self._try_remove():",

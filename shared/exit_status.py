@@ -22,3 +22,8 @@ def signal_of(status: int) -> int | None:
     """The signal number a status of 129..192 stands for, else None."""
     n = status - ExitStatus.SIGNAL_BASE
     return n if 1 <= n <= 64 else None
+
+
+def is_exit_status(status: int) -> bool:
+    """Whether ``status`` is something a process can exit with (0..255)."""
+    return 0 <= status <= 255

@@ -339,3 +339,9 @@ class Problem(BaseModel):
     status: int
     detail: str | None = None
     errors: list[ProblemField] = Field(default_factory=list)
+
+
+class RoleList(Wire):
+    """The body of ``GET /v1/roles``: the roles the presented token holds, sorted."""
+
+    roles: list[str]

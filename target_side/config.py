@@ -7,17 +7,17 @@ plain value: ``create_app(settings)`` takes one, and nothing reads a global.
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import itertools
 import posixpath
 import re
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
+from shared.net import is_loopback
 from shared.walk import is_within
 from target_side.errors import ConfigError, UnsafeFileError
 from target_side.safe_files import read_private
@@ -264,27 +264,24 @@ def split_listen(listen: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` is a loopback address (names other than 'localhost' are not trusted)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def parse_settings(text: str, source: str = "<config>") -> Settings:
     """Parse TOML text into ``Settings``; every problem is named in one ``ConfigError``."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from exc
-    try:
-        settings = Settings.model_validate(raw)
-    except ValidationError as exc:
-        raise ConfigError(f"{source}: " + "; ".join(_describe(e) for e in exc.errors())) from exc
+    settings, problems = settings_from(raw)
+    if settings is None:
+        raise ConfigError(f"{source}: " + "; ".join(problems))
     return settings.model_copy(update={"config_path": source if source.startswith("/") else None})
+
+
+def settings_from(raw: dict[str, Any]) -> tuple[Settings | None, list[str]]:
+    """``Settings`` from parsed TOML, or None and every problem, each naming its key."""
+    try:
+        return Settings.model_validate(raw), []
+    except ValidationError as exc:
+        return None, [_describe(e) for e in exc.errors()]
 
 
 def load_settings(path: str | Path) -> Settings:

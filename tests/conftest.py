@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 import trustme
+from scripted_server import Scripted, serving
 
 from shared.walk import canonical_path
 from shared.wire import EVENTS, Event, Turn, TurnRequest
@@ -229,3 +230,35 @@ def processes_with(*argv: str) -> list[int]:
         if cmdline == wanted:
             found.append(int(entry))
     return found
+
+
+# -- the agent side's scripted HTTP server (tests/scripted_server.py) ---------------------
+
+
+@pytest.fixture
+def scripted() -> Iterator[Scripted]:
+    """A scripted plain-HTTP server on 127.0.0.1 for one test."""
+    with serving() as script:
+        yield script
+
+
+@pytest.fixture(scope="session")
+def scripted_ca() -> trustme.CA:
+    """The CA that signs the scripted TLS server's certificate."""
+    return trustme.CA()
+
+
+@pytest.fixture
+def tls_scripted(scripted_ca: trustme.CA) -> Iterator[Scripted]:
+    """A scripted HTTPS server on 127.0.0.1, its certificate signed by ``scripted_ca``."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    scripted_ca.issue_cert("127.0.0.1").configure_cert(context)
+    with serving(context) as script:
+        yield script
+
+
+@pytest.fixture
+def no_paddock_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """None of the PADDOCK_* variables of whoever runs the tests."""
+    for name in ("PADDOCK_TARGET", "PADDOCK_TOKEN", "PADDOCK_CACERT", "PADDOCK_ROLE"):
+        monkeypatch.delenv(name, raising=False)

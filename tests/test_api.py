@@ -48,6 +48,18 @@ def test_turn_for_role_the_token_does_not_hold_is_403(target: Target) -> None:
     assert "builder" in str(body["detail"])
 
 
+@pytest.mark.parametrize("token", [None, "wrong-token"])
+def test_roles_without_a_valid_token_are_401(target: Target, token: str | None) -> None:
+    with target.client(token=token) as c:
+        _problem(c.get("/v1/roles"), 401)
+
+
+def test_roles_lists_only_what_the_token_holds(target: Target, client: httpx.Client) -> None:
+    assert client.get("/v1/roles").json() == {"roles": ["builder"]}
+    with target.client(token=OTHER_TOKEN) as c:
+        assert c.get("/v1/roles").json() == {"roles": ["other"]}
+
+
 def test_turn_of_another_role_is_not_visible(target: Target, client: httpx.Client) -> None:
     turn_id = client.post("/v1/turns", json={"role": "builder", "argv": ["true"]}).json()["turn_id"]
     with target.client(token=OTHER_TOKEN) as c:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pty
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -98,8 +101,9 @@ def test_run_untrusted_certificate_is_125_naming_tls(target: Target, tmp_path: P
     assert b"tls" in result.stderr.lower()
 
 
-def test_run_ctrl_c_is_forwarded_to_the_turn(target: Target) -> None:
-    marker = "321.5"
+@contextlib.contextmanager
+def sleeping_turn(target: Target, marker: str) -> Iterator[subprocess.Popen[bytes]]:
+    """``paddock run`` of a turn that sleeps ``marker`` seconds, once the sleep has begun."""
     with subprocess.Popen(
         [*CLI, "run", "--", "sh", "-c", f"echo ready; sleep {marker}"],
         env=_env(target),
@@ -110,6 +114,12 @@ def test_run_ctrl_c_is_forwarded_to_the_turn(target: Target) -> None:
         assert proc.stdout is not None
         assert proc.stdout.readline() == b"ready\n"
         assert wait_until(lambda: bool(processes_with("sleep", marker)))
+        yield proc
+
+
+def test_run_ctrl_c_is_forwarded_to_the_turn(target: Target) -> None:
+    marker = "321.5"
+    with sleeping_turn(target, marker) as proc:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 128 + signal.SIGINT
     assert wait_until(lambda: not processes_with("sleep", marker))
@@ -198,11 +208,6 @@ def test_logs_and_turns_show_an_earlier_turn(target: Target) -> None:
     assert any(line.startswith(turn_id) and " exited " in line and " 4 " in line for line in lines)
 
 
-def test_logs_of_an_unknown_turn_is_125(target: Target) -> None:
-    result = paddock("logs", "t-" + "0" * 32, target=target)
-    assert result.returncode == 125
-
-
 def test_plan_prints_the_fence_and_launches_nothing(target: Target) -> None:
     marker = target.workspace / "plan-cli-marker"
     result = paddock("plan", "--read", "/usr/share", "--", "touch", str(marker), target=target)
@@ -217,3 +222,122 @@ def test_plan_of_a_refused_request_exits_126(target: Target) -> None:
     result = paddock("plan", "--read", "/etc/shadow", "--", "cat", target=target)
     assert result.returncode == 126
     assert b"forbidden-path" in result.stderr
+
+
+def test_logs_of_an_unknown_turn_says_unknown_not_lost(target: Target) -> None:
+    result = paddock("logs", "t-" + "0" * 32, target=target)
+    assert result.returncode == 125
+    assert result.stderr.decode().startswith("paddock: unknown turn: the target does not know")
+    bogus = paddock("logs", "not-a-turn", target=target)
+    assert bogus.returncode == 125
+    assert b"unknown turn" in bogus.stderr and b"lost" not in bogus.stderr
+
+
+def test_run_without_a_role_uses_the_tokens_only_role(target: Target) -> None:
+    result = paddock("run", "--", "true", target=target, PADDOCK_ROLE="")
+    assert result.returncode == 0, result.stderr
+
+
+def test_run_net_refusal_says_drop_net(target: Target) -> None:
+    result = paddock("run", "--net", "--", "true", target=target)
+    assert result.returncode == 126
+    text = result.stderr.decode()
+    assert "refused (network-not-allowed, network)" in text
+    assert "drop --net" in text
+    assert 'network "none"' not in text
+
+
+def test_run_write_to_a_missing_directory_says_how_to_fix_it(target: Target) -> None:
+    missing = target.workspace / "not-made-yet"
+    result = paddock("run", "--write", str(missing), "--", "true", target=target)
+    assert result.returncode == 126
+    text = result.stderr.decode()
+    assert "create it on the target, or give --write an existing directory" in text
+    assert str(missing) in text
+
+
+def test_run_passes_env_names_and_env_files_like_docker(target: Target, tmp_path: Path) -> None:
+    env_file = tmp_path / "turn.env"
+    env_file.write_text("# for the turn\nFROM_FILE=file value\nPASSED_ON\n")
+    result = paddock(
+        "run", "--env-file", str(env_file), "-e", "ALSO", "-w", str(target.workspace), "--",
+        "sh", "-c", 'echo "$FROM_FILE|$PASSED_ON|$ALSO|$(pwd)"',
+        target=target, PASSED_ON="from the shell", ALSO="also",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.decode() == f"file value|from the shell|also|{target.workspace}\n"
+
+
+def test_run_from_a_terminal_says_stdin_is_not_forwarded(target: Target) -> None:
+    controller, terminal = pty.openpty()
+    try:
+        result = subprocess.run(
+            [*CLI, "run", "--", "cat"],
+            env=_env(target),
+            capture_output=True,
+            timeout=60,
+            stdin=terminal,
+        )
+    finally:
+        os.close(terminal)
+        os.close(controller)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.decode().count("\n") == 1
+    assert "stdin is a terminal, which is not forwarded" in result.stderr.decode()
+
+
+def _into_a_closed_pipe(*args: str, target: Target) -> subprocess.CompletedProcess[bytes]:
+    """Run paddock with its stdout a pipe nobody reads, as ``paddock ... | head`` ends up."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run(
+            [*CLI, *args],
+            env=_env(target),
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+
+
+def test_plan_json_into_a_closed_pipe_ends_quietly(target: Target) -> None:
+    result = _into_a_closed_pipe("plan", "--json", "--", "true", target=target)
+    assert (result.returncode, result.stderr) == (128 + signal.SIGPIPE, b"")
+
+
+def test_run_into_a_closed_pipe_stops_the_turn_and_ends_quietly(target: Target) -> None:
+    marker = "321.875"
+    command = ["sh", "-c", f"echo first; exec sleep {marker}"]
+    result = _into_a_closed_pipe("run", "--", *command, target=target)
+    assert (result.returncode, result.stderr) == (128 + signal.SIGPIPE, b"")
+    assert wait_until(lambda: not processes_with("sleep", marker))
+
+
+def test_run_term_kills_the_turn(target: Target) -> None:
+    marker = "321.625"
+    with sleeping_turn(target, marker) as proc:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 128 + signal.SIGKILL
+    assert wait_until(lambda: not processes_with("sleep", marker))
+
+
+def test_kill_ends_a_running_turn(target: Target) -> None:
+    marker = "321.375"
+    with sleeping_turn(target, marker) as proc:
+        listed = paddock("turns", "--json", "--limit", "20", target=target)
+        running = [json.loads(line) for line in listed.stdout.splitlines()]
+        (turn_id,) = [t["turn_id"] for t in running if t["state"] == "running"]
+        killed = paddock("kill", turn_id, target=target)
+        assert killed.returncode == 0, killed.stderr
+        assert killed.stderr.decode() == f"paddock: sent KILL to turn {turn_id}\n"
+        assert proc.wait(timeout=30) == 128 + signal.SIGKILL
+    assert wait_until(lambda: not processes_with("sleep", marker))
+
+
+def test_health_json_is_accepted(target: Target) -> None:
+    result = paddock("health", "--json", target=target)
+    assert result.returncode in (0, 1), result.stderr
+    assert json.loads(result.stdout)["backend"] == "bubblewrap"

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from conftest import sha
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
 
 from shared.walk import canonical_path
 from target_side.config import load_settings, parse_settings
@@ -154,3 +157,90 @@ def test_read_private_refuses_foreign_owner(root: Path) -> None:
     os.chown(path, 12345, 12345)
     with pytest.raises(UnsafeFileError, match="owned by uid 12345"):
         read_private(path)
+
+
+def _target_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "target_side.tools.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+
+
+def _readme_config() -> str:
+    """The config the README shows an operator, as written there."""
+    text = (REPO / "README.md").read_text()
+    start = text.index("```toml\n", text.index("## Running a target")) + len("```toml\n")
+    return text[start : text.index("```", start)]
+
+
+def test_config_check_of_the_readme_example_reports_every_problem_at_once(root: Path) -> None:
+    path = _write(root / "target.toml", _readme_config())
+    result = _target_cli("config", "check", str(path))
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    # Each line names the file once, then the key it is about.
+    assert all(line.count(str(path)) == 1 for line in lines), lines
+    text = result.stderr
+    assert "roles.builder.token_sha256" in text
+    assert "server.tls_cert: /etc/paddock/tls/cert.pem does not exist" in text
+    assert "paddock-target tls init --dir /etc/paddock/tls" in text
+
+
+def test_config_check_of_a_missing_file_is_one_line_not_a_traceback(root: Path) -> None:
+    result = _target_cli("config", "check", str(root / "nowhere" / "target.toml"))
+    assert result.returncode == 1
+    assert result.stderr == f"{root / 'nowhere' / 'target.toml'} does not exist\n"
+
+
+def test_config_check_reports_filesystem_problems_beside_key_problems(root: Path) -> None:
+    text = _config_text(root, f'tls_cert = "{root}/tls/c.pem"\ntls_key = "{root}/tls/k.pem"\n')
+    text = text.replace(str(root / "ws"), str(root / "missing-ws")).replace(sha("t"), "short")
+    settings, problems = config_file.check(_write(root / "target.toml", text))
+    assert settings is None
+    assert [p.split(":")[0] for p in problems] == [
+        "'roles.builder.token_sha256'",
+        "roles.builder.workspaces",
+        "server.tls_cert",
+        "server.tls_key",
+    ]
+    assert not any(str(root / "target.toml") in p for p in problems)
+
+
+def test_target_version(root: Path) -> None:
+    result = _target_cli("--version")
+    assert result.returncode == 0
+    assert result.stdout.startswith("paddock-target ")
+
+
+def test_tls_init_makes_files_a_config_can_use(root: Path) -> None:
+    tls_dir = root / "etc" / "tls"
+    result = _target_cli("tls", "init", "--dir", str(tls_dir), "--host", "build.example")
+    assert result.returncode == 0, result.stderr
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tls_dir.iterdir()}
+    assert modes == {"ca.pem": 0o644, "cert.pem": 0o644, "key.pem": 0o600}
+    assert f'tls_cert = "{tls_dir / "cert.pem"}"' in result.stdout
+    assert f'tls_key = "{tls_dir / "key.pem"}"' in result.stdout
+    ca = x509.load_pem_x509_certificate((tls_dir / "ca.pem").read_bytes())
+    assert ca.fingerprint(hashes.SHA256()).hex(":").upper() in result.stdout
+    cert = x509.load_pem_x509_certificate((tls_dir / "cert.pem").read_bytes())
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "build.example" in names.get_values_for_type(x509.DNSName)
+    # The lines it printed make a config that checks clean.
+    lines = "\n".join(line for line in result.stdout.splitlines() if line.startswith("tls_"))
+    config = _write(root / "target.toml", _config_text(root, lines + "\n"))
+    assert config_file.check(config) == (load_settings(config), [])
+
+
+def test_tls_init_never_replaces_existing_files(root: Path) -> None:
+    tls_dir = root / "tls"
+    tls_dir.mkdir()
+    (tls_dir / "key.pem").write_text("the key in use")
+    result = _target_cli("tls", "init", "--dir", str(tls_dir))
+    assert result.returncode == 1
+    assert "exists already" in result.stderr
+    assert sorted(p.name for p in tls_dir.iterdir()) == ["key.pem"]
+    assert (tls_dir / "key.pem").read_text() == "the key in use"

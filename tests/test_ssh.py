@@ -33,6 +33,7 @@ from agent_side.errors import (
     TargetUnreachable,
     TlsFailure,
     UsageError,
+    WrongScheme,
 )
 from shared.walk import canonical_path
 from target_side.service.server import ServerThread
@@ -433,6 +434,76 @@ def test_ssh_api_https_listener_through_the_tunnel(
         pytest.raises(TlsFailure),
     ):
         untrusted.run(["true"])
+
+
+def test_ssh_api_trusts_the_ca_read_from_the_host_when_none_is_given(
+    sshd, known_hosts, target: TlsTarget, tmp_path
+) -> None:
+    # Read over the SSH connection whose host key was verified: the host's own CA file.
+    with open_ssh(sshd, known_hosts, target.url, remote_cacert=target.cacert) as fetched:
+        assert fetched.run(["echo", "pinned"]).stdout == b"pinned\n"
+    other_ca = tmp_path / "other-ca.pem"
+    trustme.CA().cert_pem.write_to_path(str(other_ca))
+    with (
+        open_ssh(sshd, known_hosts, target.url, remote_cacert=str(other_ca)) as wrong,
+        pytest.raises(TlsFailure),
+    ):
+        wrong.run(["true"])
+    # No CA file on the host: the system's CAs, which do not know this one.
+    missing = str(tmp_path / "no-such-ca.pem")
+    with (
+        open_ssh(sshd, known_hosts, target.url, remote_cacert=missing) as system,
+        pytest.raises(TlsFailure),
+    ):
+        system.run(["true"])
+    # A cacert given wins over the host's file, even a bad one.
+    with open_ssh(
+        sshd, known_hosts, target.url, cacert=target.cacert, remote_cacert=str(other_ca)
+    ) as given:
+        assert given.run(["echo", "given"]).stdout == b"given\n"
+
+
+def test_ssh_api_remote_ca_that_is_no_certificate_is_refused(
+    sshd, known_hosts, target: TlsTarget, tmp_path
+) -> None:
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    with pytest.raises(UsageError, match=f"{junk} on .* holds no usable CA certificate"):
+        open_ssh(sshd, known_hosts, target.url, remote_cacert=str(junk))
+
+
+def test_ssh_cli_https_listener_with_the_hosts_ca(
+    sshd, known_hosts, target: TlsTarget, home
+) -> None:
+    args = ["--ssh", sshd.destination, "-i", str(sshd.client_key)]
+    args += ["--known-hosts", str(known_hosts), "--target", target.url]
+    result = paddock(
+        "run", *args, "--remote-cacert", target.cacert, "--", "echo", "over tls", home=home
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == b"over tls\n"
+
+
+def test_ssh_api_http_url_for_an_https_listener_is_named(
+    sshd, known_hosts, target: TlsTarget
+) -> None:
+    plain = target.url.replace("https://", "http://")
+    with open_ssh(sshd, known_hosts, plain) as wrong, pytest.raises(WrongScheme) as caught:
+        wrong.run(["true"])
+    assert "speaks HTTPS, not plain HTTP" in str(caught.value)
+
+
+def test_ssh_cli_no_listener_says_so_without_paramikos_log(
+    sshd, known_hosts, listener, home
+) -> None:
+    args = via_ssh(sshd, known_hosts, listener)
+    args[args.index(listener.url)] = f"http://127.0.0.1:{free_port()}"
+    result = paddock("run", *args, "--", "true", home=home)
+    assert result.returncode == 125
+    text = result.stderr.decode()
+    assert "could not connect to 127.0.0.1" in text
+    assert "Secsh" not in text and "paramiko" not in text
+    assert text.count("\n") == 1
 
 
 def test_ssh_api_refuses_plain_http_to_another_host_from_the_sshd(sshd, known_hosts) -> None:

@@ -1,4 +1,4 @@
-"""The SSH pieces that need no server: destinations, ~/.ssh/config, option checks, error mapping."""
+"""The SSH pieces that need no server: destinations, ~/.ssh/config, known_hosts, error mapping."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import httpcore
 import httpx
 import pytest
 
-from agent_side import cli
 from agent_side.errors import (
     HostKeyChanged,
     SshUnreachable,
@@ -119,33 +118,3 @@ def test_transport_error_only_raised_while_handling_an_agent_error_is_not_it() -
             raise httpx.ConnectError("refused") from None
     except httpx.ConnectError as exc:
         assert type(map_transport_error(exc, "http://127.0.0.1:1/")) is TargetUnreachable
-
-
-@pytest.mark.parametrize(
-    ("argv", "says"),
-    [
-        (["run", "-i", "/k", "--target", "https://t:1", "--", "true"], "-i only apply with --ssh"),
-        (["run", "--known-hosts", "/k", "--target", "https://t:1", "--", "true"], "with --ssh"),
-        (["run", "--local", "--ssh", "h", "--", "true"], "drop --ssh"),
-        (["run", "--ssh", "h:0", "--", "true"], "1..65535"),
-    ],
-)
-def test_cli_ssh_usage_errors_exit_125(
-    argv: list[str], says: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("PADDOCK_TOKEN", "tok")
-    assert cli.main(argv) == 125
-    err = capsys.readouterr().err
-    assert err.startswith("paddock: usage: ")
-    assert says in err
-
-
-def test_cli_ssh_target_defaults_to_the_loopback_listener_not_paddock_target() -> None:
-    args = cli.build_parser().parse_args(["run", "--ssh", "ci@host", "--", "true"])
-    environ = {"PADDOCK_TARGET": "https://from-here:8443", "PADDOCK_TOKEN": "tok"}
-    assert cli.resolve_connection(args, environ).url == "http://127.0.0.1:8443"
-
-
-def test_cli_passphrase_comes_from_the_environment_when_set() -> None:
-    source = cli.ssh_passphrase({"PADDOCK_SSH_PASSPHRASE": "secret words"})
-    assert source("/any/key") == "secret words"

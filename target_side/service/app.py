@@ -23,6 +23,7 @@ from shared.wire import (
     PlanResult,
     Problem,
     ProblemField,
+    RoleList,
     SignalRequest,
     Turn,
     TurnRequest,
@@ -141,6 +142,11 @@ def create_app(settings: Settings, inject: FailureHook = no_failure) -> FastAPI:
     async def dry_run(request: TurnRequest, roles: Roles) -> PlanResult:
         require_role(roles, request.role)
         return await asyncio.to_thread(manager.dry_run, request)
+
+    @app.get("/v1/roles")
+    async def held_roles(roles: Roles) -> RoleList:
+        """The roles this token holds: a client with one needs no ``role`` named."""
+        return RoleList(roles=sorted(roles))
 
     @app.get("/v1/turns")
     async def list_turns(

@@ -1,13 +1,15 @@
-"""``paddock-target``: serve, check a config, mint a token."""
+"""``paddock-target``: serve, check a config, mint a token, make TLS files, doctor, ledger."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import secrets
+import socket
 import sys
 from pathlib import Path
 
+from shared import __version__
 from target_side.config import load_settings
 from target_side.errors import TargetError
 from target_side.service import ledger
@@ -24,12 +26,17 @@ def main(argv: list[str] | None = None) -> int:
     except TargetError as exc:
         print(f"paddock-target: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        # A file the command needed: the message names it; a traceback would not help.
+        print(f"paddock-target: {exc}", file=sys.stderr)
+        return 2
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="paddock-target", description="The paddock target server."
     )
+    parser.add_argument("--version", action="version", version=f"paddock-target {__version__}")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     run = commands.add_parser("serve", help="serve the API (TLS unless listening on loopback)")
@@ -52,6 +59,25 @@ def _parser() -> argparse.ArgumentParser:
     mint.add_argument("role")
     mint.add_argument("--config", type=_absolute, help="store the token's hash in this config")
     mint.set_defaults(handler=_mint)
+
+    tls_parser = commands.add_parser("tls", help="make the server's TLS certificate")
+    tls_commands = tls_parser.add_subparsers(required=True, metavar="ACTION")
+    init = tls_commands.add_parser(
+        "init",
+        help="make a CA, and a server certificate and key signed by it, in DIR",
+        description="Write DIR/ca.pem (the CA agents trust), DIR/cert.pem and DIR/key.pem "
+        "(0600), then print the config lines that use them. Existing files are never replaced.",
+    )
+    init.add_argument("--dir", type=_absolute, required=True, metavar="DIR")
+    init.add_argument(
+        "--host",
+        action="append",
+        default=[],
+        metavar="H",
+        help="a name or address agents use to reach the target (repeatable; 127.0.0.1 and "
+        "localhost are always included; default: also this machine's host names)",
+    )
+    init.set_defaults(handler=_tls_init)
 
     doctor = commands.add_parser("doctor", help="say what is enforced here and what is degraded")
     doctor.add_argument(
@@ -87,7 +113,11 @@ def _serve(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     settings, problems = config_file.check(args.file)
     for problem in problems:
-        print(f"{args.file}: {problem}", file=sys.stderr)
+        # A problem with the file itself names it already; the others name their key.
+        shown = problem if str(args.file) in problem else f"{args.file}: {problem}"
+        print(shown, file=sys.stderr)
+    if len(problems) > 1:
+        print(f"{args.file}: {len(problems)} problems", file=sys.stderr)
     if settings is None or problems:
         return 1
     print(f"{args.file}: ok ({len(settings.roles)} role(s))")
@@ -109,6 +139,35 @@ def _mint(args: argparse.Namespace) -> int:
     token = secrets.token_urlsafe(32)
     print(f"token for role {args.role} (shown once; keep it secret): {token}")
     print(f'[roles.{args.role}]\ntoken_sha256 = "{token_sha256(token)}"')
+    return 0
+
+
+def _tls_init(args: argparse.Namespace) -> int:
+    from target_side.tools import tls  # only this command needs cryptography
+
+    hosts = [*args.host, "127.0.0.1", "localhost"]
+    if not args.host:
+        hosts += [socket.gethostname(), socket.getfqdn()]
+    hosts = list(dict.fromkeys(h for h in hosts if h))
+    material = tls.make_tls_material(hosts)
+    try:
+        files = tls.write_tls_files(args.dir, material)
+    except FileExistsError as exc:
+        print(f"paddock-target: {exc}", file=sys.stderr)
+        return 1
+    made = (
+        (files.ca_cert, "the CA: agents trust it (paddock run --cacert ca.pem)"),
+        (files.cert_chain, "the server's certificate, then the CA's"),
+        (files.key, "its key, mode 0600: chown it to the user paddock-target runs as"),
+    )
+    width = max(len(str(path)) for path, _ in made)
+    print(f"made a CA and a server certificate for {', '.join(hosts)}:")
+    for path, what in made:
+        print(f"  {path!s:<{width}}  {what}")
+    print(f"CA SHA-256 fingerprint: {material.ca_fingerprint}")
+    print("in the config's [server] table:")
+    print(f'tls_cert = "{files.cert_chain}"')
+    print(f'tls_key = "{files.key}"')
     return 0
 
 

@@ -9,48 +9,94 @@ from __future__ import annotations
 
 import os
 import secrets
+import tomllib
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import tomlkit
 
-from target_side.config import Settings, parse_settings
+from target_side.config import Settings, parse_settings, settings_from
 from target_side.errors import ConfigError, UnsafeFileError
 from target_side.safe_files import read_private, write_atomic
 from target_side.service.auth import token_sha256
 
 
 def check(path: Path) -> tuple[Settings | None, list[str]]:
-    """The settings in ``path`` if usable, and every problem found (empty when clean)."""
+    """The settings in ``path`` if usable, and every problem found (empty when clean).
+
+    Never raises: a file that cannot be read is a problem like any other. Each
+    problem names its key; only those about the file itself name the file.
+    """
     try:
         text = read_private(path, allow_group_read=True).decode("utf-8")
-    except (UnsafeFileError, UnicodeDecodeError) as exc:
+    except UnsafeFileError as exc:
         return None, [str(exc)]
+    except FileNotFoundError:
+        return None, [f"{path} does not exist"]
+    except OSError as exc:
+        return None, [f"cannot read {path}: {exc.strerror}"]
+    except UnicodeDecodeError:
+        return None, [f"{path} is not UTF-8 text"]
     try:
-        settings = parse_settings(text, str(path))
-    except ConfigError as exc:
-        return None, [str(exc)]
-    return settings, filesystem_problems(settings)
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        return None, [f"not valid TOML: {exc}"]
+    settings, problems = settings_from(raw)
+    if settings is not None:
+        settings = settings.model_copy(update={"config_path": str(path)})
+    # The filesystem is checked even when a key is wrong, so one run shows everything.
+    return settings, problems + _path_problems(raw)
 
 
 def filesystem_problems(settings: Settings) -> list[str]:
     """What the filesystem says is wrong with otherwise valid settings (missing dirs, open keys)."""
+    return _path_problems(settings.model_dump())
+
+
+def _path_problems(raw: Mapping[str, Any]) -> list[str]:
+    """Missing workspaces and TLS files, and a key others could read, in parsed TOML."""
     problems = []
-    for name, role in settings.roles.items():
+    roles = raw.get("roles")
+    for name, role in roles.items() if isinstance(roles, Mapping) else ():
+        workspaces = role.get("workspaces") if isinstance(role, Mapping) else None
         problems += [
             f"roles.{name}.workspaces: {w} does not exist (create it, or remove it)"
-            for w in role.workspaces
+            for w in _absolute_paths(workspaces)
             if not os.path.isdir(w)
         ]
-    key = settings.server.tls_key
-    if key is not None:
+    server = raw.get("server")
+    server = server if isinstance(server, Mapping) else {}
+    cert, key = server.get("tls_cert"), server.get("tls_key")
+    missing = [
+        (name, path)
+        for name, path in (("tls_cert", cert), ("tls_key", key))
+        if _absolute_paths([path]) and not os.path.lexists(path)
+    ]
+    for name, path in missing:
+        problems.append(f"server.{name}: {path} does not exist")
+    if missing:
+        directory = os.path.dirname(missing[0][1])
+        problems[-1] += (
+            f" (make a certificate and key with: paddock-target tls init --dir {directory})"
+        )
+    if _absolute_paths([key]) and os.path.lexists(key):
         try:
             read_private(Path(key))
         except UnsafeFileError as exc:
             problems.append(f"server.tls_key: {exc}")
-    cert = settings.server.tls_cert
-    if cert is not None and not os.path.isfile(cert):
-        problems.append(f"server.tls_cert: {cert} does not exist")
+        except OSError as exc:
+            problems.append(f"server.tls_key: cannot read {key}: {exc.strerror}")
+    if _absolute_paths([cert]) and os.path.lexists(cert) and not os.path.isfile(cert):
+        problems.append(f"server.tls_cert: {cert} is not a regular file")
     return problems
+
+
+def _absolute_paths(values: object) -> list[str]:
+    """The absolute path strings among ``values``; the rest are the validation's to report."""
+    if not isinstance(values, list | tuple):
+        return []
+    return [v for v in values if isinstance(v, str) and v.startswith("/")]
 
 
 def apply(source: Path, destination: Path) -> Settings:

@@ -1,14 +1,18 @@
 """TLS material for a target: a private CA and a server certificate signed by it.
 
-Used by the embedded ``--local`` target and by the deploy script. The agent
-pins the CA certificate (or its fingerprint); the CA key is not kept.
+Used by ``paddock-target tls init``, the embedded ``--local`` target and the
+deploy script. The agent pins the CA certificate (or its fingerprint); the CA
+key is not kept, so a new certificate comes with a new CA.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import ipaddress
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -99,3 +103,51 @@ def _general_name(host: str) -> x509.GeneralName:
         return x509.IPAddress(ipaddress.ip_address(host))
     except ValueError:
         return x509.DNSName(host)
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """Where ``write_tls_files`` put the material."""
+
+    ca_cert: Path
+    cert_chain: Path
+    key: Path
+
+
+def write_tls_files(directory: Path, material: TlsMaterial) -> TlsFiles:
+    """``ca.pem`` and ``cert.pem`` (0644) and ``key.pem`` (0600) in ``directory``.
+
+    Refuses (``FileExistsError``) before writing anything if one of them exists:
+    a certificate in use is never replaced. ``directory`` is made (0755) if missing.
+    """
+    directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+    files = TlsFiles(directory / "ca.pem", directory / "cert.pem", directory / "key.pem")
+    planned = (
+        (files.ca_cert, material.ca_cert_pem, 0o644),
+        (files.cert_chain, material.cert_chain_pem, 0o644),
+        (files.key, material.key_pem, 0o600),
+    )
+    for path, _, _ in planned:
+        if os.path.lexists(path):
+            raise FileExistsError(f"{path} exists already; remove it or choose another --dir")
+    written: list[Path] = []
+    try:
+        for path, data, mode in planned:
+            _write_new(path, data, mode)
+            written.append(path)
+    except BaseException:
+        for path in written:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        raise
+    return files
+
+
+def _write_new(path: Path, data: bytes, mode: int) -> None:
+    # O_EXCL | O_NOFOLLOW: never write through a file (or symlink) someone placed there first.
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    with os.fdopen(fd, "wb") as out:
+        os.fchmod(out.fileno(), mode)  # the umask may have narrowed the public files
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())

@@ -1,0 +1,257 @@
+"""``paddock run`` while the turn runs: its output, our signals, our stdin, a closed pipe.
+
+    Sink              writes each event as it arrives: raw bytes to stdout/stderr, or JSON lines
+    SignalForwarder   Ctrl-C sends INT, a second KILL, a third stops waiting;
+                      TERM (a supervisor stopping us) sends KILL, a second stops waiting
+    StdinFeeder       copies our stdin to the turn's when it is a pipe or a file
+
+When whoever reads our stdout goes away (``paddock run -- seq 1e9 | head``),
+the turn gets TERM, and paddock ends as a local producer would: quietly, with
+SIGPIPE's status, once the turn has ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import TextIO
+
+from agent_side.client import TargetClient
+from agent_side.errors import AgentError
+from agent_side.turns import drive, output_bytes
+from agent_side.views import refusal_sentence, say
+from shared.exit_status import for_signal
+from shared.wire import Event, OutputEvent, Turn, TurnRequest
+
+INTERRUPTED = for_signal(signal.SIGINT)
+TERMINATED = for_signal(signal.SIGTERM)
+BROKEN_PIPE = for_signal(signal.SIGPIPE)
+POST_GRACE_S = 5.0
+"""How long leaving ``paddock run`` waits for a signal still being posted to the turn."""
+
+
+class StopWaiting(KeyboardInterrupt):
+    """The user gave up waiting for the turn (a third Ctrl-C, a second TERM)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+def run_turn(client: TargetClient, request: TurnRequest, *, as_json: bool) -> int:
+    """Run ``request`` on the target and return the status ``paddock run`` exits with."""
+    forwarder = SignalForwarder(client)
+    feeder = StdinFeeder(client) if request.stdin == "open" else None
+
+    def submitted(turn_id: str) -> None:
+        forwarder.attach(turn_id)
+        if feeder is not None:
+            feeder.start(turn_id)
+
+    with forwarder.installed():
+        sink = Sink(as_json=as_json, on_broken_pipe=lambda: forwarder.send("TERM", quiet=True))
+        finished = drive(client, request, sink.event, on_submitted=submitted)
+    final = finished.turn
+    if final.refusal is not None and not sink.refusal_shown:
+        say(refusal_sentence(final.refusal))
+    sink.turn(final)
+    status = finished.exit_status
+    return BROKEN_PIPE if sink.pipe_broken else status
+
+
+def with_stdin(request: TurnRequest, *, forward: bool) -> TurnRequest:
+    """Open the turn's stdin when ours is a pipe or file (``echo x | paddock run -- cat``).
+
+    A terminal is not forwarded (that needs a terminal on the target too):
+    one line says so, unless ``forward`` is False (``--no-stdin``).
+    """
+    if not forward:
+        return request
+    if stdin_fd() is not None:
+        return request.model_copy(update={"stdin": "open"})
+    if _stdin_is_terminal():
+        say(
+            "note: stdin is a terminal, which is not forwarded (the turn's stdin is closed); "
+            "pipe input in, or give --no-stdin to skip this note"
+        )
+    return request
+
+
+def stdin_fd() -> int | None:
+    """Our stdin's descriptor if it is something to forward: open, and not a terminal."""
+    try:
+        fd = sys.stdin.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+    return None if os.isatty(fd) else fd
+
+
+def _stdin_is_terminal() -> bool:
+    try:
+        return os.isatty(sys.stdin.fileno())
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+class Sink:
+    """Writes events as they arrive: raw bytes to stdout/stderr, or JSON lines."""
+
+    def __init__(self, *, as_json: bool, on_broken_pipe: Callable[[], None] = lambda: None) -> None:
+        self._as_json = as_json
+        self._on_broken_pipe = on_broken_pipe
+        self.pipe_broken = False
+        """Whoever read our stdout has gone; nothing more is written there."""
+        self.refusal_shown = False
+
+    def event(self, event: Event) -> None:
+        if event.kind == "refused":
+            say(refusal_sentence(event.refusal))
+            self.refusal_shown = True
+        if self._as_json:
+            self._stdout((event.model_dump_json() + "\n").encode())
+        elif isinstance(event, OutputEvent):
+            if event.kind == "stdout":
+                self._stdout(output_bytes(event))
+            else:
+                write(sys.stderr, output_bytes(event))
+        elif event.kind == "notice":
+            say(f"notice: {event.message}")
+
+    def turn(self, turn: Turn) -> None:
+        if self._as_json:
+            self._stdout((turn.model_dump_json() + "\n").encode())
+
+    def _stdout(self, data: bytes) -> None:
+        if self.pipe_broken:
+            return
+        try:
+            write(sys.stdout, data)
+        except BrokenPipeError:
+            # Like SIGPIPE for a local pipeline: nobody reads on, so stop the producer.
+            self.pipe_broken = True
+            silence_stdout()
+            self._on_broken_pipe()
+
+
+def write(stream: TextIO, data: bytes) -> None:
+    """Write ``data`` to ``stream`` at once, after whatever text it already holds."""
+    stream.flush()
+    stream.buffer.write(data)
+    stream.buffer.flush()
+
+
+def silence_stdout() -> None:
+    """Point fd 1 at /dev/null, so that nothing trips on the dead pipe at exit."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
+class SignalForwarder:
+    """Ctrl-C sends INT to the turn, a second KILL, a third stops waiting for it.
+
+    TERM (a supervisor or ``kill`` stopping paddock) sends KILL at once, since
+    whoever sent it wants the work gone, and a second TERM stops waiting. The
+    handlers run on the main thread between bytecodes, so they only decide; a
+    helper thread does the HTTP request and the talking.
+    """
+
+    def __init__(self, client: TargetClient) -> None:
+        self._client = client
+        self._turn_id: str | None = None
+        self._pending: list[tuple[str, bool]] = []
+        self._presses = 0
+        self._terms = 0
+        self._posting: list[threading.Thread] = []
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[SignalForwarder]:
+        """Handle SIGINT and SIGTERM while the block runs (only the main thread can)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous_int = signal.signal(signal.SIGINT, self._on_sigint)
+        previous_term = signal.signal(signal.SIGTERM, self._on_sigterm)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, previous_int)
+            signal.signal(signal.SIGTERM, previous_term)
+            # A KILL still on its way must reach the target before the client closes.
+            for thread in self._posting:
+                thread.join(POST_GRACE_S)
+
+    def attach(self, turn_id: str) -> None:
+        """The turn now exists; deliver what came before it did."""
+        self._turn_id = turn_id
+        pending, self._pending = self._pending, []
+        for name, quiet in pending:
+            self.send(name, quiet=quiet)
+
+    def send(self, name: str, *, quiet: bool = False) -> None:
+        """Post ``name`` to the turn from a helper thread; ``quiet``: say nothing either way."""
+        turn_id = self._turn_id
+        if turn_id is None:
+            self._pending.append((name, quiet))
+            return
+        thread = threading.Thread(
+            target=self._deliver, args=(turn_id, name, quiet), daemon=True, name="paddock-signal"
+        )
+        self._posting.append(thread)
+        thread.start()
+
+    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
+        self._presses += 1
+        if self._presses >= 3:
+            raise StopWaiting(INTERRUPTED)
+        self.send("INT" if self._presses == 1 else "KILL")
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        self._terms += 1
+        if self._terms >= 2:
+            raise StopWaiting(TERMINATED)
+        self.send("KILL")
+
+    def _deliver(self, turn_id: str, name: str, quiet: bool) -> None:
+        try:
+            self._client.signal(turn_id, name)
+        except (AgentError, RuntimeError) as exc:
+            if not quiet:
+                say(f"could not send {name} to turn {turn_id}: {exc}")
+            return
+        if quiet:
+            return
+        if name == "INT":
+            say(f"sent INT to turn {turn_id}; Ctrl-C again sends KILL")
+        elif name == "KILL":
+            say(f"sent KILL to turn {turn_id}")
+
+
+class StdinFeeder:
+    """Copies this process's stdin to the turn's, from a helper thread, then closes it."""
+
+    CHUNK = 64 * 1024
+
+    def __init__(self, client: TargetClient) -> None:
+        self._client = client
+
+    def start(self, turn_id: str) -> None:
+        threading.Thread(
+            target=self._copy, args=(turn_id,), daemon=True, name="paddock-stdin"
+        ).start()
+
+    def _copy(self, turn_id: str) -> None:
+        fd = stdin_fd()
+        try:
+            while fd is not None and (chunk := os.read(fd, self.CHUNK)):
+                self._client.write_stdin(turn_id, chunk)
+            self._client.write_stdin(turn_id, b"", eof=True)
+        except (AgentError, RuntimeError, OSError, ValueError):
+            # The turn ended without reading it all (like a closed pipe), or we are closing.
+            return

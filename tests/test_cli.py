@@ -1,0 +1,152 @@
+"""The ``paddock`` command line (agent_side.cli): parsing, usage errors, how failures are told."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import trustme
+from conftest import BUILDER_TOKEN, Target
+from scripted_server import TOKEN, Scripted, closed_port, reply_json
+
+from agent_side import cli
+
+pytestmark = pytest.mark.usefixtures("no_paddock_env")
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        ([], "required: COMMAND"),
+        (["run", "--bogus", "--", "true"], "unrecognized arguments: --bogus"),
+        (["run", "--timeout", "0", "--", "true"], "positive number of seconds"),
+        (["run", "--timeout", "soon", "--", "true"], "not a number of seconds"),
+        (["kill", "t-1", "--signal", "STOP"], "invalid choice: 'STOP'"),
+    ],
+)
+def test_usage_errors_exit_125(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(argv) == 125
+    captured = capsys.readouterr()
+    assert captured.err.startswith("paddock: usage: ")
+    assert says in captured.err
+    assert captured.out == ""
+
+
+def test_help_and_version_exit_0(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--help"]) == 0
+    assert cli.main(["--version"]) == 0
+    assert "paddock" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "-it", "--", "python3"],
+        ["run", "-ti", "--", "python3"],
+        ["run", "--cwd", "/w", "-it", "python3"],
+        ["run", "-i", "--", "python3"],
+        ["plan", "-it", "--", "bash"],
+    ],
+)
+def test_docker_terminal_flags_say_terminals_are_not_supported(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(argv) == 125
+    err = capsys.readouterr().err
+    assert "terminals are not supported yet" in err
+    assert "no such key file" not in err and "no stored target" not in err
+
+
+@pytest.mark.parametrize("argv", [["run", "--", "ls", "-it"], ["run", "ls", "-it"]])
+def test_it_inside_the_command_belongs_to_the_command(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(argv) == 125  # for want of a target, not because of -it
+    err = capsys.readouterr().err
+    assert "no target" in err
+    assert "terminals" not in err
+
+
+def test_json_mode_errors_are_one_json_object_on_stdout(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"https://127.0.0.1:{closed_port()}"
+    monkeypatch.setenv("PADDOCK_TOKEN", TOKEN)
+    assert cli.main(["run", "--json", "--target", url, "--role", "r", "--", "true"]) == 125
+    captured = capsys.readouterr()
+    (line,) = captured.out.splitlines()
+    record = json.loads(line)
+    assert record["error"] == "target unreachable"
+    assert record["message"].startswith(f"cannot connect to {url}/v1/turns")
+    assert record["exit_code"] == 125
+    assert captured.err.startswith("paddock: target unreachable: ")
+    assert TOKEN not in captured.out + captured.err
+
+
+def test_json_mode_usage_errors_are_json_too(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["plan", "--json", "--timeout", "0", "--", "true"]) == 125
+    record = json.loads(capsys.readouterr().out)
+    assert record["error"] == "usage"
+    assert "positive number of seconds" in record["message"]
+
+
+def test_run_against_a_closed_port_exits_125_target_unreachable(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"https://127.0.0.1:{closed_port()}"
+    monkeypatch.setenv("PADDOCK_TOKEN", TOKEN)
+    assert cli.main(["run", "--target", url, "--role", "r", "--", "true"]) == 125
+    err = capsys.readouterr().err
+    assert err.startswith(f"paddock: target unreachable: cannot connect to {url}/v1/turns")
+    assert "check the target is running" in err
+    assert TOKEN not in err
+
+
+def test_run_against_an_untrusted_certificate_exits_125_tls_failure(
+    tls_scripted: Scripted,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    other_ca = tmp_path / "other-ca.pem"
+    trustme.CA().cert_pem.write_to_path(str(other_ca))
+    monkeypatch.setenv("PADDOCK_TOKEN", TOKEN)
+    argv = ["run", "--target", tls_scripted.url, "--cacert", str(other_ca), "--role", "r"]
+    assert cli.main([*argv, "--", "true"]) == 125
+    err = capsys.readouterr().err
+    assert err.startswith(f"paddock: TLS failure: TLS handshake with {tls_scripted.url}")
+    assert "certificate not trusted" in err
+    assert "check --cacert / PADDOCK_CACERT" in err
+    assert tls_scripted.seen == []
+
+
+def test_run_with_http_for_an_https_target_says_so(
+    target: Target, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PADDOCK_TOKEN", BUILDER_TOKEN)
+    plain = target.url.replace("https://", "http://")
+    assert cli.main(["run", "--target", plain, "--", "true"]) == 125
+    err = capsys.readouterr().err
+    where = plain.removeprefix("http://")
+    assert err.startswith(f"paddock: wrong scheme: {where} speaks HTTPS, not plain HTTP")
+
+
+@pytest.mark.parametrize("flags", [[], ["--json"]])
+def test_health_prints_json_with_or_without_json_flag(
+    tls_scripted: Scripted,
+    scripted_ca: trustme.CA,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    flags: list[str],
+) -> None:
+    ca_file = tmp_path / "ca.pem"
+    scripted_ca.cert_pem.write_to_path(str(ca_file))
+    body = {"status": "degraded", "causes": [], "version": "0.1.0", "backend": "none"}
+    tls_scripted.routes["GET", "/v1/health"] = lambda h, s: reply_json(h, 200, body)
+    argv = ["health", *flags, "--target", tls_scripted.url, "--cacert", str(ca_file)]
+    assert cli.main(argv) == 1
+    assert json.loads(capsys.readouterr().out)["status"] == "degraded"
+    assert "authorization" not in {k.lower() for k in tls_scripted.seen[0].headers}
