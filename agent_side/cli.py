@@ -43,6 +43,7 @@ from agent_side.errors import AgentError, UsageError
 from agent_side.turns import drive, new_request, output_bytes
 from agent_side.turns import exit_status as exit_status  # re-exported: the CLI's status rule
 from agent_side.views import print_plan, print_turns, refusal_sentence, say
+from paddock_deploy.protocol import PASSED_OPTIONS
 from shared import __version__
 from shared.exit_status import ExitStatus, for_signal
 from shared.wire import Event, OutputEvent, Turn, TurnRequest
@@ -180,7 +181,7 @@ def _add_deploy_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
     deploy = commands.add_parser(
         "deploy",
         help="install or upgrade a target over SSH, and store it for -t NAME",
-        description="Upload this paddock and deploy/paddock-deploy over SSH, run it as root, "
+        description="Upload this paddock and its deploy script over SSH, run it as root, "
         "and store the target (route, tokens, pinned CA) under NAME for 'paddock run -t NAME'.",
     )
     deploy.add_argument("destination", metavar="USER@HOST[:PORT]")
@@ -215,7 +216,10 @@ def _add_deploy_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
         help="wheels of the dependencies, uploaded with it (a target without a package index)",
     )
     deploy.add_argument(
-        "--script", type=Path, metavar="F", help="the deploy script (default: the checkout's)"
+        "--script",
+        type=Path,
+        metavar="F",
+        help="a paddock-deploy.pyz to run (default: built from this paddock at deploy time)",
     )
     deploy.add_argument(
         "--python",
@@ -226,23 +230,17 @@ def _add_deploy_parser(commands: argparse._SubParsersAction[_Parser]) -> None:
     )
     deploy.add_argument("--json", action="store_true", help="pass the script's JSON lines through")
     passed = deploy.add_argument_group("passed to paddock-deploy (see deploy/README.md)")
-    for flag, metavar in SCRIPT_VALUE_OPTIONS.items():
-        passed.add_argument(flag, metavar=metavar)
-    passed.add_argument("--service", choices=("auto", "systemd", "supervised"))
-    for flag, metavar in SCRIPT_REPEATED_OPTIONS.items():
-        passed.add_argument(flag, metavar=metavar, action="append", default=[], help="repeatable")
+    for option in PASSED_OPTIONS:
+        passed.add_argument(
+            option.flag,
+            metavar=option.metavar,
+            help=option.described,
+            action="append" if option.repeated else "store",
+            default=[] if option.repeated else None,
+            choices=option.choices or None,
+        )
     deploy.add_argument("--fail-at", help=argparse.SUPPRESS)  # the script's rollback tests
     deploy.set_defaults(handler=deploy_command)
-
-
-SCRIPT_VALUE_OPTIONS = {
-    "--listen": "HOST:PORT",
-    "--prefix": "DIR",
-    "--state-root": "DIR",
-    "--config-dir": "DIR",
-    "--user": "USER",
-}
-SCRIPT_REPEATED_OPTIONS = {"--workspace": "DIR", "--tls-host": "NAME"}
 
 
 def _add_token_option(parser: argparse.ArgumentParser) -> None:
@@ -772,13 +770,11 @@ def _print_health(target: Target) -> int:
 
 def deploy_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     """``paddock deploy``: the target's own exit status (0..3), or 125 if paddock failed."""
-    from agent_side.deploy import DeployRequest, deploy, script_options
+    from agent_side.deploy import DeployRequest, deploy, passed_options, script_options
 
     if args.url is not None and args.route != "https":
         raise UsageError("--url names a direct route: give --route https too")
-    pairs = [(flag, getattr(args, _dest(flag))) for flag in SCRIPT_VALUE_OPTIONS]
-    pairs.append(("--service", args.service))
-    pairs += [(flag, v) for flag in SCRIPT_REPEATED_OPTIONS for v in getattr(args, _dest(flag))]
+    pairs = passed_options(vars(args))
     request = DeployRequest(
         destination=args.destination,
         roles=tuple(args.role),
@@ -795,10 +791,6 @@ def deploy_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         as_json=args.json,
     )
     return deploy(request, environ, ssh_passphrase(environ))
-
-
-def _dest(flag: str) -> str:
-    return flag.removeprefix("--").replace("-", "_")
 
 
 # -- output ---------------------------------------------------------------------------
