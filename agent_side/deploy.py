@@ -65,6 +65,7 @@ from paddock_deploy.protocol import (
     Exit,
     describe,
     parse_event,
+    wheel_problem,
 )
 from shared.exit_status import ExitStatus
 
@@ -136,13 +137,9 @@ def checked_script(given: Path) -> Path:
 
 
 def checked_wheel(path: Path) -> Path:
-    if not path.is_file():
-        raise UsageError(f"--wheel {path}: no such file")
-    if not WHEEL_NAME.fullmatch(path.name):
-        raise UsageError(
-            f"--wheel {path.name} is not a paddock wheel's file name; keep the name "
-            "pip wheel gave it (the deploy script reads the version from it)"
-        )
+    problem = wheel_problem(path)
+    if problem is not None:
+        raise UsageError(problem)
     return path
 
 

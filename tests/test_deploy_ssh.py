@@ -39,6 +39,7 @@ from agent_side.deploy import (
     _Outcome,
     _Progress,
     build_wheel,
+    checked_script,
     checked_wheel,
     direct_url,
     script_options,
@@ -171,6 +172,10 @@ def test_deploy_refuses_relative_paths_and_a_renamed_wheel(tmp_path) -> None:
     renamed.write_bytes(b"")
     with pytest.raises(UsageError, match="file name"):
         checked_wheel(renamed)
+    not_an_archive = tmp_path / "paddock-deploy"
+    not_an_archive.write_text("#!/usr/bin/python3\n")
+    with pytest.raises(UsageError, match="not a paddock-deploy.pyz file"):
+        checked_script(not_an_archive)
 
 
 # --- a deployed host --------------------------------------------------------------------------

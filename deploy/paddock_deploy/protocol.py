@@ -26,6 +26,7 @@ import re
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 STEPS = (
@@ -65,6 +66,18 @@ FINISHED = frozenset({CHANGED, UNCHANGED, FAILED})
 
 WHEEL_NAME = re.compile(r"paddock-[^-/]+(-[^-/]+)?-[^-/]+-[^-/]+-[^-/]+\.whl")
 """pip reads the version from the wheel's file name, so it must be pip's own."""
+
+
+def wheel_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be deployed as the paddock wheel (None: it can be tried)."""
+    if not path.is_file():
+        return f"--wheel {path}: no such file"
+    if not WHEEL_NAME.fullmatch(path.name):
+        return (
+            f"--wheel {path.name} is not a paddock wheel's file name; keep the name "
+            "pip wheel gave it (pip reads the version from it)"
+        )
+    return None
 
 
 # --- event lines ------------------------------------------------------------------------------

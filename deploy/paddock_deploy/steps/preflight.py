@@ -24,7 +24,7 @@ from paddock_deploy.commands import (
 from paddock_deploy.context import DEFAULT_LISTEN, DEFAULT_STATE_ROOT, Context, Outcome, Wheel
 from paddock_deploy.errors import DeployError, Refused
 from paddock_deploy.files import sha256_file
-from paddock_deploy.protocol import WHEEL_NAME
+from paddock_deploy.protocol import wheel_problem
 from paddock_deploy.systemd_unit import render_unit, under
 
 ROLE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -78,13 +78,9 @@ def run(ctx: Context) -> Outcome:
 
 
 def inspect_wheel(path: Path) -> Wheel:
-    if not path.is_file():
-        raise Refused(f"--wheel {path}: no such file")
-    if not WHEEL_NAME.fullmatch(path.name):
-        raise Refused(
-            f"--wheel {path.name} is not a paddock wheel's file name "
-            "(keep the name pip wheel gave it: pip reads the version from it)"
-        )
+    problem = wheel_problem(path)
+    if problem is not None:
+        raise Refused(problem)
     try:
         with zipfile.ZipFile(path) as wheel:
             meta = [
