@@ -174,7 +174,7 @@ def test_deploy_refuses_relative_paths_and_a_renamed_wheel(tmp_path) -> None:
         checked_wheel(renamed)
     not_an_archive = tmp_path / "paddock-deploy"
     not_an_archive.write_text("#!/usr/bin/python3\n")
-    with pytest.raises(UsageError, match="not a paddock-deploy.pyz file"):
+    with pytest.raises(UsageError, match=r"not a paddock-deploy\.pyz file"):
         checked_script(not_an_archive)
 
 
