@@ -1,16 +1,21 @@
 """``paddock deploy USER@HOST``: install or upgrade a target over SSH, then remember it.
 
-    the wheel: --wheel, or built from this checkout (a copy of it, so nothing is left here)
-    one verified SSH connection (agent_side.ssh): host key checked, nothing added to known_hosts
-    mktemp -d on the target; SFTP the wheel, deploy/paddock-deploy (and a --wheelhouse)
-    python3 DIR/paddock-deploy --json ...   without a pty, as root (else through sudo -n)
-    each step shown as it arrives; on success the target is stored (agent_side.targets_file)
+    one verified SSH connection (agent_side.ssh): host key and login checked first, so a
+        wrong host or key fails in a second, before anything is built
+    the wheel: --wheel, or built from this checkout (a copy of it; reproducibly: the same
+        sources give the same wheel, and the target then has nothing to do)
+    the deploy script: --script, or paddock_deploy built into one zipapp file
+    mktemp -d on the target; SFTP the wheel, paddock-deploy.pyz (and a --wheelhouse)
+    python3 DIR/paddock-deploy.pyz --json ...   without a pty, as root (else through sudo -n)
+    each step shown as it starts and ends; on success the target is stored
+        (agent_side.targets_file)
     rm -rf DIR on the target, whatever happened
 
-Exit status: the script's own (0 deployed or already up to date, 1 failed and
-rolled back, 2 refused before changing anything, 3 rollback incomplete), and
-125 when paddock itself failed: the build, SSH, SFTP, or the script's output.
-deploy/README.md describes the script and its JSON lines.
+Exit status: the script's own (``paddock_deploy.protocol.Exit``: 0 deployed or
+already up to date, 1 failed and rolled back, 2 refused before changing
+anything, 3 rollback incomplete), and 125 when paddock itself failed: the
+build, SSH, SFTP, or the script's output. deploy/README.md describes the
+script and its JSON lines.
 """
 
 from __future__ import annotations
@@ -18,18 +23,20 @@ from __future__ import annotations
 import contextlib
 import datetime
 import fnmatch
+import hashlib
 import ipaddress
 import json
 import os
-import re
 import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 import tomllib
-from collections.abc import Mapping, Sequence
+import zipfile
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
@@ -49,19 +56,31 @@ from agent_side.ssh import (
 )
 from agent_side.targets_file import StoredTarget
 from agent_side.views import say, visible
+from paddock_deploy.archive import build_archive
+from paddock_deploy.protocol import (
+    ARCHIVE_NAME,
+    PASSED_OPTIONS,
+    STEPS,
+    WHEEL_NAME,
+    Exit,
+    describe,
+    parse_event,
+    wheel_problem,
+)
 from shared.exit_status import ExitStatus
 
-SCRIPT_NAME = "paddock-deploy"
-WHEEL_NAME = re.compile(r"paddock-[^-/]+(-[^-/]+)?-[^-/]+-[^-/]+-[^-/]+\.whl")
-"""The script reads the version from the wheel's file name, so it must be pip's own."""
 REMOTE_TEMPLATE = "paddock-deploy.XXXXXXXXXX"
-SCRIPT_STATUSES = (0, 1, 2, 3)
 EXEC_TIMEOUT_S = 60.0
 """Bounds the short helper commands (mktemp, rm); the deploy itself is bounded by the script."""
 STATUS_WAIT_S = 30.0
 """How long to wait for the script's exit status once its output has ended."""
 BUILD_TIMEOUT_S = 600.0
+BUILD_HEARTBEAT_S = 5.0
 INTERRUPTED = 130
+SOURCE_DATE_EPOCH = "315532800"
+"""1980-01-01, the earliest a zip file can say. Every file of the wheel carries this time
+(unless the caller sets SOURCE_DATE_EPOCH), so the same sources give the same wheel, byte
+for byte, and a re-deploy finds its release already built."""
 
 
 class DeployFailed(AgentError):
@@ -107,54 +126,73 @@ def source_root() -> Path | None:
     return root if project.get("project", {}).get("name") == "paddock" else None
 
 
-def deploy_script(given: Path | None) -> Path:
-    """``--script``, else ``deploy/paddock-deploy`` of the checkout."""
-    if given is not None:
-        if not given.is_file():
-            raise UsageError(f"--script {given}: no such file")
-        return given
-    root = source_root()
-    if root is None or not (root / "deploy" / SCRIPT_NAME).is_file():
+def checked_script(given: Path) -> Path:
+    """``--script``: a paddock-deploy zipapp (``python3 -m paddock_deploy.archive`` makes one)."""
+    if not given.is_file() or not zipfile.is_zipfile(given):
         raise UsageError(
-            f"this paddock is not run from a checkout, so {SCRIPT_NAME} is not at hand: "
-            f"give --script PATH/deploy/{SCRIPT_NAME} and --wheel PATH"
+            f"--script {given}: not a {ARCHIVE_NAME} file "
+            "(build one with: PYTHONPATH=deploy python3 -m paddock_deploy.archive OUT)"
         )
-    return root / "deploy" / SCRIPT_NAME
+    return given
 
 
 def checked_wheel(path: Path) -> Path:
-    if not path.is_file():
-        raise UsageError(f"--wheel {path}: no such file")
-    if not WHEEL_NAME.fullmatch(path.name):
-        raise UsageError(
-            f"--wheel {path.name} is not a paddock wheel's file name; keep the name "
-            "pip wheel gave it (the deploy script reads the version from it)"
-        )
+    problem = wheel_problem(path)
+    if problem is not None:
+        raise UsageError(problem)
     return path
 
 
-def build_wheel(source: Path, out: Path) -> Path:
+def build_wheel(source: Path, out: Path, waiting: Callable[[float], None] | None = None) -> Path:
     """Build the paddock wheel of ``source`` into ``out``, from a copy of the tree.
 
     In place, setuptools would leave build/ and *.egg-info in the checkout, and
-    could package stale files it finds in an old build/.
+    could package stale files it finds in an old build/. The copy has
+    normalised modes, and every file in the wheel the time SOURCE_DATE_EPOCH
+    says, so the same sources make the same wheel. ``waiting`` is called every
+    few seconds while pip runs, with the seconds so far.
     """
-    with tempfile.TemporaryDirectory(prefix="paddock-src-") as tree:
+    env = dict(os.environ)
+    env.setdefault("SOURCE_DATE_EPOCH", SOURCE_DATE_EPOCH)
+    argv = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out)]
+    with (
+        tempfile.TemporaryDirectory(prefix="paddock-src-") as tree,
+        tempfile.TemporaryFile() as log,
+    ):
         copy_source(source, Path(tree))
-        argv = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), tree]
-        try:
-            proc = subprocess.run(
-                argv, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise DeployFailed(f"building the wheel took over {BUILD_TIMEOUT_S:g} s") from exc
-    if proc.returncode != 0:
-        said = (proc.stderr or proc.stdout).strip()[-2000:]
-        raise DeployFailed(f"pip wheel {source} failed (status {proc.returncode}): {said}")
+        # umask too: files the build itself writes (metadata) get the same modes every time.
+        proc = subprocess.Popen(
+            [*argv, tree], stdout=log, stderr=subprocess.STDOUT, env=env, umask=0o022
+        )
+        status = _wait_for_build(proc, waiting)
+        log.seek(0)
+        said = log.read().decode(errors="replace").strip()[-2000:]
+    if status != 0:
+        raise DeployFailed(f"pip wheel {source} failed (status {status}): {said}")
     built = sorted(p for p in out.glob("paddock-*.whl") if WHEEL_NAME.fullmatch(p.name))
     if len(built) != 1:
         raise DeployFailed(f"pip wheel made {len(built)} paddock wheels in {out}, not one")
     return built[0]
+
+
+def _wait_for_build(proc: subprocess.Popen[bytes], waiting: Callable[[float], None] | None) -> int:
+    started = time.monotonic()
+    try:
+        while True:
+            try:
+                return proc.wait(timeout=BUILD_HEARTBEAT_S)
+            except subprocess.TimeoutExpired:
+                elapsed = time.monotonic() - started
+                if elapsed > BUILD_TIMEOUT_S:
+                    raise DeployFailed(
+                        f"building the wheel took over {BUILD_TIMEOUT_S:g} s"
+                    ) from None
+                if waiting is not None:
+                    waiting(elapsed)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
 
 
 def copy_source(source: Path, tree: Path) -> None:
@@ -164,10 +202,21 @@ def copy_source(source: Path, tree: Path) -> None:
     names |= {p.name for p in source.iterdir() if p.name.startswith(("LICENSE", "COPYING"))}
     for name in names:
         if (source / name).is_file():
-            shutil.copy2(source / name, tree / name)
+            shutil.copy(source / name, tree / name)
     skip = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
     for package in _packages(source, project):
-        shutil.copytree(source / package, tree / package, ignore=skip)
+        shutil.copytree(source / package, tree / package, ignore=skip, copy_function=shutil.copy)
+    _normalise_modes(tree)
+
+
+def _normalise_modes(tree: Path) -> None:
+    """Modes as a default umask makes them: a checkout made under another umask builds the
+    same wheel (its files carry their modes)."""
+    for path in tree.rglob("*"):
+        if path.is_dir():
+            path.chmod(0o755)
+        else:
+            path.chmod(0o755 if path.stat().st_mode & 0o100 else 0o644)
 
 
 def _readme(project: Mapping[str, Any]) -> list[str]:
@@ -177,13 +226,15 @@ def _readme(project: Mapping[str, Any]) -> list[str]:
     return [readme] if isinstance(readme, str) else []
 
 
-def _packages(source: Path, project: Mapping[str, Any]) -> list[str]:
-    """Top-level package directories, chosen the way setuptools' ``packages.find`` does."""
+def _packages(source: Path, project: Mapping[str, Any]) -> list[Path]:
+    """Top-level package directories, chosen the way setuptools' ``packages.find`` does
+    (``where`` lists the directories to look in)."""
     found = project.get("tool", {}).get("setuptools", {}).get("packages", {}).get("find", {})
     patterns = found.get("include") or ["*"]
     return sorted(
-        p.name
-        for p in source.iterdir()
+        Path(where) / p.name
+        for where in found.get("where") or ["."]
+        for p in (source / where).iterdir()
         if p.is_dir()
         and (p / "__init__.py").is_file()
         and any(fnmatch.fnmatchcase(p.name, pattern) for pattern in patterns)
@@ -229,9 +280,10 @@ def _make_remote_dir(transport: paramiko.Transport) -> _RemoteDir:
 def _upload(
     transport: paramiko.Transport,
     remote: _RemoteDir,
-    files: Sequence[Path],
+    files: Mapping[str, Path],
     wheelhouse: Path | None,
 ) -> None:
+    """``files`` by the name each gets in the remote directory; the wheelhouse beside them."""
     try:
         sftp = paramiko.SFTPClient.from_transport(transport)
     except (paramiko.SSHException, EOFError) as exc:
@@ -243,8 +295,8 @@ def _upload(
         raise SshFailure("the SSH server refused an SFTP session")
     try:
         with sftp:
-            for path in files:
-                sftp.put(str(path), f"{remote.path}/{path.name}")
+            for name, path in files.items():
+                sftp.put(str(path), f"{remote.path}/{name}")
             if wheelhouse is not None:
                 sftp.mkdir(f"{remote.path}/wheelhouse", 0o700)
                 for path in sorted(wheelhouse.iterdir()):
@@ -278,42 +330,42 @@ class _Outcome:
 
 
 class _Progress:
-    """Shows the script's JSON lines as they come: as steps for a person, or passed through."""
+    """Shows what happens: paddock's own stages, then the script's JSON lines as they come
+    (as steps for a person, or passed through with ``--json``)."""
 
     def __init__(self, as_json: bool, out: IO[str]) -> None:
         self._as_json = as_json
         self._out = out
         self.outcome = _Outcome()
 
+    def own(self, text: str) -> None:
+        """A stage of paddock's own (connect, build, upload); on stderr with ``--json``, whose
+        stdout holds nothing but JSON lines."""
+        if self._as_json:
+            say(text)
+        else:
+            self._write(text)
+
+    def waiting(self, what: str) -> Callable[[float], None]:
+        return lambda seconds: self.own(f"  {what}: still running after {seconds:.0f}s")
+
     def line(self, raw: bytes) -> None:
         text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
         if not text.strip():
             return
-        try:
-            event = json.loads(text)
-        except json.JSONDecodeError:
-            event = None
-        if not isinstance(event, dict) or not isinstance(event.get("event"), str):
+        event = parse_event(text)
+        if event is None:
             self.outcome.garbled.append(text)
             say(f"target: {text}")
             return
         if self._as_json:
             self._write(json.dumps(event))
         else:
-            self._show(event)
+            shown = describe(event)
+            if shown is not None:
+                self._write(shown)
         if event["event"] == "result":
             self.outcome.result = event
-
-    def _show(self, event: Mapping[str, Any]) -> None:
-        kind, detail = event["event"], event.get("detail", "")
-        if kind == "step":
-            failed = "FAILED: " if event.get("status") == "failed" else ""
-            where = f"[{event.get('index')}/{event.get('total')}] {event.get('step')}"
-            self._write(f"{where}: {failed}{detail}")
-        elif kind == "note":
-            self._write(f"  {detail}")
-        elif kind == "rollback":
-            self._write(f"  rollback: {detail}")
 
     def _write(self, text: str) -> None:
         # Everything shown came from the target: it must not be able to drive the terminal.
@@ -325,7 +377,7 @@ def _script_argv(remote: _RemoteDir, wheel: Path, request: DeployRequest) -> lis
     argv = [
         *remote.sudo,
         request.python,
-        f"{remote.path}/{SCRIPT_NAME}",
+        f"{remote.path}/{ARCHIVE_NAME}",
         "--wheel",
         f"{remote.path}/{wheel.name}",
         "--json",
@@ -369,7 +421,11 @@ def _relay_stderr(channel: paramiko.Channel) -> None:
 def deploy(
     request: DeployRequest, environ: Mapping[str, str], passphrase: PassphraseSource | None
 ) -> int:
-    """Carry out ``request``; returns the exit status of ``paddock deploy``."""
+    """Carry out ``request``; returns the exit status of ``paddock deploy``.
+
+    Everything that can be checked here is checked first, then the SSH
+    connection (host key, login): only then is anything built.
+    """
     options = SshOptions(
         identity_files=request.identity_files,
         known_hosts=request.known_hosts,
@@ -378,27 +434,68 @@ def deploy(
     destination = Destination.parse(request.destination)
     endpoint = resolve(destination, options)
     name = targets_file.checked_name(request.name or destination.host)
-    script = deploy_script(request.script)
+    script = checked_script(request.script) if request.script is not None else None
     wheel = checked_wheel(request.wheel) if request.wheel is not None else None
+    source = None if wheel is not None else _source_to_build()
     if request.wheelhouse is not None and not request.wheelhouse.is_dir():
         raise UsageError(f"--wheelhouse {request.wheelhouse}: no such directory")
     if request.route == "https":
         request = _with_direct_name(request, endpoint)
     progress = _Progress(request.as_json, sys.stdout)
+    connection = SshConnection(endpoint, options)
     try:
-        with tempfile.TemporaryDirectory(prefix="paddock-wheel-") as scratch:
-            wheel = wheel or _build_here(Path(scratch), request.as_json)
-            connection = SshConnection(endpoint, options)
-            try:
-                connection.connect()
-                _deploy_over(connection, wheel, script, request, progress)
-            finally:
-                connection.close()
+        progress.own(f"connecting to {endpoint}")
+        connection.connect()
+        progress.own(f"connected to {endpoint}: host key verified, logged in")
+        with tempfile.TemporaryDirectory(prefix="paddock-deploy-") as scratch:
+            files = _files_to_upload(Path(scratch), wheel, source, script, progress)
+            _deploy_over(connection, files, request, progress)
     except KeyboardInterrupt:
         # Closing the session makes the script's next progress line fail: it rolls back.
         say("interrupted: the target rolls back this deploy when it next reports progress")
         return INTERRUPTED
+    finally:
+        connection.close()
     return _finish(progress.outcome, request, endpoint, name, environ)
+
+
+def _source_to_build() -> Path:
+    root = source_root()
+    if root is None:
+        raise UsageError("this paddock is not run from a checkout: give --wheel PATH")
+    return root
+
+
+@dataclass(frozen=True)
+class _Upload:
+    wheel: Path
+    script: Path
+
+    def by_remote_name(self) -> dict[str, Path]:
+        return {self.wheel.name: self.wheel, ARCHIVE_NAME: self.script}
+
+
+def _files_to_upload(
+    scratch: Path,
+    wheel: Path | None,
+    source: Path | None,
+    script: Path | None,
+    progress: _Progress,
+) -> _Upload:
+    """The wheel (built from ``source`` unless given) and the deploy script's zipapp."""
+    if wheel is None:
+        if source is None:
+            raise UsageError("give --wheel PATH, or run paddock from a checkout")
+        progress.own(f"building the paddock wheel from {source}")
+        started = time.monotonic()
+        wheel = build_wheel(source, scratch / "dist", progress.waiting("building the wheel"))
+        digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        progress.own(
+            f"built {wheel.name} (sha256 {digest[:12]}) in {time.monotonic() - started:.1f}s"
+        )
+    if script is None:
+        script = build_archive(scratch / ARCHIVE_NAME)
+    return _Upload(wheel, script)
 
 
 def _with_direct_name(request: DeployRequest, endpoint: Endpoint) -> DeployRequest:
@@ -415,19 +512,9 @@ def _with_direct_name(request: DeployRequest, endpoint: Endpoint) -> DeployReque
     return replace(request, script_options=(*request.script_options, "--tls-host", host))
 
 
-def _build_here(scratch: Path, quiet: bool) -> Path:
-    root = source_root()
-    if root is None:
-        raise UsageError("this paddock is not run from a checkout: give --wheel PATH")
-    if not quiet:
-        print(f"building the paddock wheel from {root}", flush=True)
-    return build_wheel(root, scratch)
-
-
 def _deploy_over(
     connection: SshConnection,
-    wheel: Path,
-    script: Path,
+    files: _Upload,
     request: DeployRequest,
     progress: _Progress,
 ) -> None:
@@ -437,9 +524,10 @@ def _deploy_over(
     except (OSError, paramiko.SSHException, EOFError) as exc:
         raise SshUnreachable(f"running a command on {connection.endpoint} failed: {exc}") from exc
     try:
-        _upload(transport, remote, [wheel, script], request.wheelhouse)
+        progress.own(f"uploading {files.wheel.name} and {ARCHIVE_NAME} to {remote.path}")
+        _upload(transport, remote, files.by_remote_name(), request.wheelhouse)
         try:
-            _run_script(transport, _script_argv(remote, wheel, request), progress)
+            _run_script(transport, _script_argv(remote, files.wheel, request), progress)
         except (OSError, paramiko.SSHException, EOFError) as exc:
             # The result may have arrived before the session ended: _finish decides on it.
             say(f"the deploy session ended early: {exc}")
@@ -485,7 +573,7 @@ def _no_result(outcome: _Outcome) -> int:
         "(anything it said on stderr is above, as 'target:')"
     )
     # 2 is argparse refusing its arguments: nothing was changed, as the script's own 2 says.
-    return 2 if outcome.status == 2 else int(ExitStatus.PADDOCK_FAILED)
+    return Exit.REFUSED if outcome.status == Exit.REFUSED else int(ExitStatus.PADDOCK_FAILED)
 
 
 def _failed(result: Mapping[str, Any], status: int | None) -> int:
@@ -499,12 +587,12 @@ def _failed(result: Mapping[str, Any], status: int | None) -> int:
     else:
         say(f"deploy failed {where}: {error}")
         say(summary)
-    if status in SCRIPT_STATUSES and status != 0:
+    if status in (Exit.ROLLED_BACK, Exit.REFUSED, Exit.ROLLBACK_INCOMPLETE):
         return int(status)
     # No status (the link dropped after the result): the result says which one it was.
     if result.get("rollback_problems"):
-        return 3
-    return 1 if result.get("rolled_back") else 2
+        return Exit.ROLLBACK_INCOMPLETE
+    return Exit.ROLLED_BACK if result.get("rolled_back") else Exit.REFUSED
 
 
 def _tokens(result: Mapping[str, Any]) -> dict[str, str]:
@@ -635,19 +723,30 @@ def _not_saved(result: Mapping[str, Any], exc: BaseException, as_json: bool) -> 
     return int(ExitStatus.PADDOCK_FAILED)
 
 
-SCRIPT_PATH_OPTIONS = ("--prefix", "--state-root", "--config-dir", "--workspace")
-"""Options whose value the script requires to be an absolute path on the target."""
-
-
 def script_options(pairs: Sequence[tuple[str, str | None]], fail_at: str | None) -> tuple[str, ...]:
     """The pass-through options, in the script's syntax; paths checked absolute here."""
+    paths = {option.flag for option in PASSED_OPTIONS if option.path}
     options: list[str] = []
     for flag, value in pairs:
         if value is None:
             continue
-        if flag in SCRIPT_PATH_OPTIONS and not value.startswith("/"):
+        if flag in paths and not value.startswith("/"):
             raise UsageError(f"{flag} {value!r}: give an absolute path on the target")
         options += [flag, value]
     if fail_at is not None:
+        if fail_at not in STEPS:
+            raise UsageError(f"--fail-at {fail_at!r}: one of {', '.join(STEPS)}")
         options += ["--fail-at", fail_at]
     return tuple(options)
+
+
+def passed_options(given: Mapping[str, Any]) -> list[tuple[str, str | None]]:
+    """``(flag, value)`` for each pass-through option in ``given`` (argparse's dests)."""
+    pairs: list[tuple[str, str | None]] = []
+    for option in PASSED_OPTIONS:
+        value = given.get(option.dest)
+        if option.repeated:
+            pairs += [(option.flag, v) for v in value or ()]
+        else:
+            pairs.append((option.flag, value))
+    return pairs

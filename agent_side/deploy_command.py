@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from agent_side.connection import ssh_passphrase
 from agent_side.errors import UsageError
+from paddock_deploy.protocol import PASSED_OPTIONS
 
 if TYPE_CHECKING:
     from agent_side.cli import CommandParser
@@ -18,7 +19,7 @@ def add_deploy_parser(commands: argparse._SubParsersAction[CommandParser]) -> No
     deploy = commands.add_parser(
         "deploy",
         help="install or upgrade a target over SSH, and store it for -t NAME",
-        description="Upload this paddock and deploy/paddock-deploy over SSH, run it as root, "
+        description="Upload this paddock and its deploy script over SSH, run it as root, "
         "and store the target (route, tokens, pinned CA) under NAME for 'paddock run -t NAME'.",
     )
     deploy.add_argument("destination", metavar="USER@HOST[:PORT]")
@@ -53,7 +54,10 @@ def add_deploy_parser(commands: argparse._SubParsersAction[CommandParser]) -> No
         help="wheels of the dependencies, uploaded with it (a target without a package index)",
     )
     deploy.add_argument(
-        "--script", type=Path, metavar="F", help="the deploy script (default: the checkout's)"
+        "--script",
+        type=Path,
+        metavar="F",
+        help="a paddock-deploy.pyz to run (default: built from this paddock at deploy time)",
     )
     deploy.add_argument(
         "--python",
@@ -64,34 +68,26 @@ def add_deploy_parser(commands: argparse._SubParsersAction[CommandParser]) -> No
     )
     deploy.add_argument("--json", action="store_true", help="pass the script's JSON lines through")
     passed = deploy.add_argument_group("passed to paddock-deploy (see deploy/README.md)")
-    for flag, metavar in SCRIPT_VALUE_OPTIONS.items():
-        passed.add_argument(flag, metavar=metavar)
-    passed.add_argument("--service", choices=("auto", "systemd", "supervised"))
-    for flag, metavar in SCRIPT_REPEATED_OPTIONS.items():
-        passed.add_argument(flag, metavar=metavar, action="append", default=[], help="repeatable")
+    for option in PASSED_OPTIONS:
+        passed.add_argument(
+            option.flag,
+            metavar=option.metavar,
+            help=option.described,
+            action="append" if option.repeated else "store",
+            default=[] if option.repeated else None,
+            choices=option.choices or None,
+        )
     deploy.add_argument("--fail-at", help=argparse.SUPPRESS)  # the script's rollback tests
     deploy.set_defaults(handler=deploy_command)
 
 
-SCRIPT_VALUE_OPTIONS = {
-    "--listen": "HOST:PORT",
-    "--prefix": "DIR",
-    "--state-root": "DIR",
-    "--config-dir": "DIR",
-    "--user": "USER",
-}
-SCRIPT_REPEATED_OPTIONS = {"--workspace": "DIR", "--tls-host": "NAME"}
-
-
 def deploy_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     """``paddock deploy``: the target's own exit status (0..3), or 125 if paddock failed."""
-    from agent_side.deploy import DeployRequest, deploy, script_options
+    from agent_side.deploy import DeployRequest, deploy, passed_options, script_options
 
     if args.url is not None and args.route != "https":
         raise UsageError("--url names a direct route: give --route https too")
-    pairs = [(flag, getattr(args, _dest(flag))) for flag in SCRIPT_VALUE_OPTIONS]
-    pairs.append(("--service", args.service))
-    pairs += [(flag, v) for flag in SCRIPT_REPEATED_OPTIONS for v in getattr(args, _dest(flag))]
+    pairs = passed_options(vars(args))
     request = DeployRequest(
         destination=args.destination,
         roles=tuple(args.role),
@@ -109,6 +105,3 @@ def deploy_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     )
     return deploy(request, environ, ssh_passphrase(environ))
 
-
-def _dest(flag: str) -> str:
-    return flag.removeprefix("--").replace("-", "_")

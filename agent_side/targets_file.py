@@ -32,10 +32,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import os
 import re
-import ssl
 import tempfile
 import tomllib
 from collections.abc import Iterator, Mapping
@@ -44,12 +42,12 @@ from pathlib import Path
 from typing import Any
 
 from agent_side.errors import UsageError
+from paddock_deploy.protocol import certificate_sha256
 
 INDEX_NAME = "targets.toml"
 ROUTES = ("ssh", "https")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 """Entry names: host names, IP addresses (IPv6 too) and aliases; never a path."""
-_PEM_CERTIFICATE = re.compile(r"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", re.S)
 ENTRY_KEYS = frozenset(
     {
         "route",
@@ -140,12 +138,11 @@ def checked_name(name: str) -> str:
 
 
 def fingerprint(pem: str) -> str:
-    """SHA-256 of the first certificate in ``pem``, as the deploy script writes it."""
-    found = _PEM_CERTIFICATE.search(pem)
-    if found is None:
-        raise UsageError("not a PEM certificate")
-    der = ssl.PEM_cert_to_DER_cert(found[0])
-    return hashlib.sha256(der).digest().hex(":").upper()
+    """SHA-256 of the first certificate in ``pem``, as the deploy result states it."""
+    try:
+        return certificate_sha256(pem)
+    except ValueError as exc:
+        raise UsageError(f"{exc}") from exc
 
 
 # -- reading --------------------------------------------------------------------------

@@ -326,6 +326,29 @@ MUTATIONS = (
         "            if True:",
         ("tests/test_limits.py::test_turn_cgroups_are_removed_when_turns_end",),
     ),
+    Mutation(
+        "deploy-command-link-not-undone",
+        "deploy/paddock_deploy/steps/switch.py",
+        '    ctx.tx.on_failure(f"{link} as it was", lambda: point_link(link, before))\n',
+        "",
+        ("tests/test_deploy_steps.py -k switch_replaces_a_foreign_link",),
+    ),
+    Mutation(
+        "deploy-command-link-overwrites-a-file",
+        "deploy/paddock_deploy/steps/switch.py",
+        "    if st is not None and not stat.S_ISLNK(st.st_mode):",
+        "    if False:",
+        ("tests/test_deploy_steps.py::test_switch_leaves_a_command_that_is_not_a_link_alone",),
+    ),
+    Mutation(
+        "supervisor-trusts-settings-anyone-wrote",
+        "deploy/paddock_deploy/supervisor.py",
+        "            if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:",
+        "            if False:",
+        (
+            "tests/test_deploy_supervisor.py::test_supervisor_refuses_settings_others_could_have_written",
+        ),
+    ),
 )
 
 

@@ -45,6 +45,8 @@ class Sshd:
 
     root: Path
     port: int = 0
+    settings: tuple[str, ...] = ()
+    """More sshd_config lines (e.g. ``SetEnv TMPDIR=...``)."""
     host_key: Path = field(init=False)
     client_key: Path = field(init=False)
     locked_key: Path = field(init=False)
@@ -103,6 +105,7 @@ class Sshd:
                 "PrintMotd no",
                 "LogLevel VERBOSE",
                 "Subsystem sftp internal-sftp",  # in-process: no sftp-server binary needed
+                *self.settings,
                 "",
             ]
         )

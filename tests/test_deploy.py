@@ -1,18 +1,17 @@
-"""deploy/paddock-deploy onto this machine: real wheels, a real service user, a real server.
+"""paddock-deploy.pyz onto this machine: real wheels, a real service user, a real server.
 
 No systemd runs here, so the target is deployed in supervised mode into a
 temporary prefix, state root and config dir, with a throwaway service user.
 The tests run in file order against that one host: first deploy, a turn,
 a no-op re-run, a new role, a failure injected at every step of an upgrade,
-then the upgrade itself. The unit file is checked on its own.
+then the upgrade itself. The script is the zipapp ``paddock deploy`` uploads, built
+from deploy/paddock_deploy by the same function.
 """
 
 from __future__ import annotations
 
 import contextlib
 import grp
-import importlib.machinery
-import importlib.util
 import json
 import os
 import pwd
@@ -30,14 +29,16 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import httpx
 import pytest
 import trustme
 from conftest import events, output, wait_until
-from deploy_support import DEPLOY, REPO, STEPS, SYSTEM_PYTHON
+from deploy_support import REPO, STEPS, SYSTEM_PYTHON, finished_steps, print_unit
+
+from paddock_deploy.archive import build_archive
+from paddock_deploy.protocol import ARCHIVE_NAME
 
 RESTARTING = {"restart", "health"}
 """Steps after which the server already runs the new release: a rollback restarts the old one."""
@@ -50,17 +51,6 @@ pytestmark = [
         reason="setpriv and useradd are needed",
     ),
 ]
-
-
-def load_deploy() -> ModuleType:
-    """The deploy script as a module (it has no .py name), for its pure functions."""
-    loader = importlib.machinery.SourceFileLoader("paddock_deploy", str(DEPLOY))
-    spec = importlib.util.spec_from_loader("paddock_deploy", loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["paddock_deploy"] = module  # dataclasses look their module up
-    loader.exec_module(module)
-    return module
 
 
 # --- wheels ---------------------------------------------------------------------------------
@@ -120,6 +110,12 @@ def _wait(proc: subprocess.Popen[bytes], what: str) -> None:
 
 
 @pytest.fixture(scope="session")
+def script(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """paddock-deploy.pyz, built as ``paddock deploy`` builds it before uploading it."""
+    return build_archive(tmp_path_factory.mktemp("deploy-script") / ARCHIVE_NAME)
+
+
+@pytest.fixture(scope="session")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> Wheels:
     """The working tree as 0.1.0 and as 0.1.1, and a wheelhouse of their dependencies."""
     root = tmp_path_factory.mktemp("wheels")
@@ -157,6 +153,7 @@ class Host:
     user: str
     port: int
     wheels: Wheels
+    script: Path
     tokens: dict[str, str] = field(default_factory=dict)
     first: list[dict[str, Any]] = field(default_factory=list)
 
@@ -181,6 +178,10 @@ class Host:
         return self.base / "work"
 
     @property
+    def bin_dir(self) -> Path:
+        return self.base / "bin"
+
+    @property
     def ca(self) -> Path:
         return self.config_dir / "tls" / "ca.pem"
 
@@ -195,7 +196,7 @@ class Host:
     def deploy(self, wheel: Path, *extra: str, roles: tuple[str, ...] = ("builder",)) -> Deployed:
         argv = [
             SYSTEM_PYTHON,
-            str(DEPLOY),
+            str(self.script),
             "--wheel",
             str(wheel),
             "--json",
@@ -212,6 +213,8 @@ class Host:
             f"127.0.0.1:{self.port}",
             "--workspace",
             str(self.workspace),
+            "--bin-dir",
+            str(self.bin_dir),
             "--find-links",
             str(self.wheels.wheelhouse),
             "--no-index",
@@ -296,7 +299,8 @@ class Deployed:
         return results[0]
 
     def steps(self) -> dict[str, str]:
-        return {line["step"]: line["status"] for line in self.lines if line.get("event") == "step"}
+        """How each step ended."""
+        return {line["step"]: line["status"] for line in finished_steps(self.lines)}
 
 
 def _free_port() -> int:
@@ -324,12 +328,12 @@ def _processes_of(uid: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def host(wheels: Wheels) -> Iterator[Host]:
+def host(wheels: Wheels, script: Path) -> Iterator[Host]:
     """A first deploy of 0.1.0 with role ``builder``; torn down with its user afterwards."""
     # Not under pytest's basetemp: that is 0700, and the service user must reach its files.
     base = Path(tempfile.mkdtemp(prefix="pdk-deploy-", dir="/tmp"))
     os.chmod(base, 0o755)  # the service user must reach its files below
-    target = Host(base, f"pdk{secrets.token_hex(3)[:5]}", _free_port(), wheels)
+    target = Host(base, f"pdk{secrets.token_hex(3)[:5]}", _free_port(), wheels, script)
     try:
         first = target.deploy(wheels.old)
         target.first = first.lines
@@ -360,7 +364,7 @@ def _tear_down(target: Host) -> None:
 
 
 def test_deploy_first_run_installs_everything_and_serves_health_over_tls(host: Host) -> None:
-    steps = [line for line in host.first if line.get("event") == "step"]
+    steps = finished_steps(host.first)
     assert [s["step"] for s in steps] == list(STEPS)
     assert all(s["status"] == "changed" for s in steps[1:9]), steps
     result = next(line for line in host.first if line.get("event") == "result")
@@ -431,9 +435,54 @@ def test_deploy_rerun_changes_nothing_and_keeps_the_server(host: Host) -> None:
     assert not again.result["changed"] and again.result["tokens"] == {}
     assert all(
         "nothing to do" in line["detail"]
-        for line in again.lines
-        if line.get("step") not in {None, "preflight", "health"}
+        for line in finished_steps(again.lines)
+        if line["step"] not in {"preflight", "health"}
     )
+    assert host.server()["pid"] == pid
+
+
+def test_deploy_says_when_each_step_starts_and_beats_only_inside_it(host: Host) -> None:
+    seen = [(line["step"], line["status"]) for line in host.first if line.get("event") == "step"]
+    bare = [pair for pair in seen if pair[1] != "running"]
+    assert bare[0::2] == [(step, "started") for step in STEPS]
+    assert [step for step, _ in bare[1::2]] == list(STEPS)
+    current = None
+    for step, status in seen:  # a heartbeat names the step that is running at the time
+        if status == "started":
+            current = step
+        elif status == "running":
+            assert step == current
+        else:
+            assert step == current
+            current = None
+
+
+def test_deploy_links_paddock_target_onto_roots_path(host: Host) -> None:
+    link = host.bin_dir / "paddock-target"
+    assert os.readlink(link) == str(host.prefix / "current" / "bin" / "paddock-target")
+    proc = subprocess.run(
+        [str(link), "--help"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_deploy_puts_a_foreign_command_link_back_on_rollback_and_fixes_it_on_a_rerun(
+    host: Host,
+) -> None:
+    link = host.bin_dir / "paddock-target"
+    wanted = os.readlink(link)
+    link.unlink()
+    link.symlink_to("/elsewhere/paddock-target")
+    pid = host.server()["pid"]
+    failed = host.deploy(host.wheels.old, "--fail-at", "switch")
+    assert failed.status == 1 and failed.result["rolled_back"], failed.stdout
+    assert os.readlink(link) == "/elsewhere/paddock-target"
+    fixed = host.deploy(host.wheels.old)
+    assert fixed.status == 0, fixed.stdout + fixed.stderr
+    assert fixed.steps()["switch"] == "changed" and fixed.steps()["restart"] == "unchanged"
+    switch = next(line for line in finished_steps(fixed.lines) if line["step"] == "switch")
+    assert "(was -> /elsewhere/paddock-target)" in switch["detail"]
+    assert os.readlink(link) == wanted
     assert host.server()["pid"] == pid
 
 
@@ -520,7 +569,7 @@ def test_deploy_back_to_a_kept_release_switches_without_building(host: Host) -> 
     newer = host.current()
     back = host.deploy(host.wheels.old, roles=("builder", "reviewer"))
     assert back.status == 0, back.stdout + back.stderr
-    release_line = next(line for line in back.lines if line.get("step") == "release")
+    release_line = next(s for s in finished_steps(back.lines) if s["step"] == "release")
     assert "built before; reusing it" in release_line["detail"]
     assert back.steps()["switch"] == "changed" and back.result["previous_release"] == newer
     assert host.health()["version"] == "0.1.0" and newer in host.releases()
@@ -536,10 +585,10 @@ def test_deploy_failure_at_each_other_step_leaves_the_previous_install_serving(
     _fail_upgrade(host, step, builds=False)
 
 
-def test_deploy_failure_on_a_fresh_host_leaves_nothing_behind(wheels: Wheels) -> None:
+def test_deploy_failure_on_a_fresh_host_leaves_nothing_behind(wheels: Wheels, script: Path) -> None:
     base = Path(tempfile.mkdtemp(prefix="pdk-fresh-", dir="/tmp"))
     os.chmod(base, 0o755)
-    fresh = Host(base, f"pdk{secrets.token_hex(3)[:5]}", _free_port(), wheels)
+    fresh = Host(base, f"pdk{secrets.token_hex(3)[:5]}", _free_port(), wheels, script)
     try:
         failed = fresh.deploy(wheels.old, "--fail-at", "health")
         assert failed.status == 1 and failed.result["rolled_back"], failed.stdout
@@ -630,114 +679,7 @@ def test_doctor_names_each_degraded_thing_with_a_fix(
     assert "DEGRADED  tls-key" in printed and "fix: chmod 0600" in printed
 
 
-# --- the unit file --------------------------------------------------------------------------
-
-REQUIRED = {
-    "NoNewPrivileges": "yes",
-    "ProtectSystem": "strict",
-    "PrivateTmp": "yes",
-    "Restart": "on-failure",
-    "Delegate": "yes",
-    "CapabilityBoundingSet": "",
-}
-ABSENT = (
-    "RestrictNamespaces",
-    "PrivateUsers",
-    "ProtectKernelTunables",
-    "ProtectKernelLogs",
-    "ProtectProc",
-    "ProcSubset",
-    "ProtectControlGroups",
-    "SystemCallFilter",
-    "MemoryDenyWriteExecute",
-)
-"""Each of these breaks bubblewrap (or the delegated cgroup, or every turn's JIT)."""
-KNOWN_SECTIONS = {"Unit", "Service", "Install"}
-
-
-def _unit(*extra: str) -> str:
-    proc = subprocess.run(
-        [
-            SYSTEM_PYTHON,
-            str(DEPLOY),
-            "--wheel",
-            "/nonexistent.whl",
-            "--print-unit",
-            "--user",
-            "paddock",
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=30,
-    )
-    return proc.stdout
-
-
-def _parse_unit(text: str) -> dict[str, dict[str, list[str]]]:
-    """A strict reading of unit-file syntax: sections, then Key=value lines, nothing else."""
-    sections: dict[str, dict[str, list[str]]] = {}
-    current: dict[str, list[str]] | None = None
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip() or line.startswith(("#", ";")):
-            continue
-        header = re.fullmatch(r"\[([A-Za-z]+)\]", line)
-        if header:
-            assert header[1] in KNOWN_SECTIONS and header[1] not in sections, line
-            current = sections.setdefault(header[1], {})
-            continue
-        pair = re.fullmatch(r"([A-Za-z][A-Za-z0-9]*)=(.*)", line)
-        assert pair and current is not None, f"line {number} is not Key=value: {line!r}"
-        current.setdefault(pair[1], []).append(pair[2])
-    return sections
-
-
-def test_unit_file_is_hardened_and_leaves_what_bubblewrap_needs() -> None:
-    unit = _parse_unit(
-        _unit("--state-root", "/var/lib/pdk", "--workspace", "/srv/w1", "--workspace", "/srv/w2")
-    )
-    service = unit["Service"]
-    for key, value in REQUIRED.items():
-        assert service[key] == [value], key
-    for key in ABSENT:
-        assert key not in service, key
-    assert service["ReadWritePaths"] == ["/var/lib/pdk /srv/w1 /srv/w2"]
-    assert service["ProtectHome"] == ["yes"]
-    families = service["RestrictAddressFamilies"][0].split()
-    assert "AF_NETLINK" in families  # bubblewrap brings up each fence's loopback over netlink
-    assert service["User"] == ["paddock"]
-    assert service["ExecStart"] == [
-        "/opt/paddock/current/bin/paddock-target serve --config /etc/paddock/target.toml"
-    ]
-    assert unit["Install"]["WantedBy"] == ["multi-user.target"]
-
-
-def test_unit_file_binds_back_workspaces_under_home() -> None:
-    service = _parse_unit(_unit("--workspace", "/home/alice/work"))["Service"]
-    assert service["ProtectHome"] == ["tmpfs"]
-    assert service["BindPaths"] == ["/home/alice/work"]
-
-
-def test_unit_file_refuses_paths_it_cannot_carry() -> None:
-    proc = subprocess.run(
-        [
-            SYSTEM_PYTHON,
-            str(DEPLOY),
-            "--wheel",
-            "/x.whl",
-            "--print-unit",
-            "--workspace",
-            "/srv/my work",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=30,
-    )
-    assert proc.returncode == 2 and "whitespace" in proc.stderr
-    escaped = _parse_unit(_unit("--workspace", "/srv/100%"))["Service"]["ReadWritePaths"]
-    assert escaped == ["/var/lib/paddock /srv/100%%"]  # '%' starts a specifier in unit files
+# --- the unit file, for a deployed user and prefix -------------------------------------------
 
 
 def test_unit_file_passes_systemd_analyze_verify(host: Host, tmp_path: Path) -> None:
@@ -749,7 +691,7 @@ def test_unit_file_passes_systemd_analyze_verify(host: Host, tmp_path: Path) -> 
         )
     unit = tmp_path / "paddock-target.service"
     unit.write_text(
-        _unit(
+        print_unit(
             "--user",
             host.user,
             "--prefix",
@@ -773,27 +715,22 @@ def test_unit_file_passes_systemd_analyze_verify(host: Host, tmp_path: Path) -> 
     assert proc.returncode == 0 and said == [], proc.stdout + proc.stderr
 
 
-# --- pure parts of the script ---------------------------------------------------------------
+def _fingerprint(pem: str) -> str:
+    import hashlib
+
+    der = ssl.PEM_cert_to_DER_cert(pem)
+    return hashlib.sha256(der).digest().hex(":").upper()
 
 
-def test_deploy_prunes_all_but_two_old_releases(tmp_path: Path) -> None:
-    deploy = load_deploy()
-    for age, name in enumerate(["a", "b", "c", "d", "current"]):
-        (tmp_path / name).mkdir()
-        marker = {"built_at": 1000 + age}
-        (tmp_path / name / deploy.RELEASE_MARKER).write_text(json.dumps(marker))
-    (tmp_path / "half-built").mkdir()  # no marker: removed by the release step, not here
-    pruned = deploy.releases_to_prune(tmp_path, tmp_path / "current")
-    assert sorted(p.name for p in pruned) == ["a", "b"]
-
-
-def test_deploy_refuses_a_wheel_with_a_renamed_file(tmp_path: Path, wheels: Wheels) -> None:
+def test_deploy_refuses_a_wheel_with_a_renamed_file(
+    tmp_path: Path, wheels: Wheels, script: Path
+) -> None:
     renamed = tmp_path / "paddock.whl"
     shutil.copy(wheels.old, renamed)
     proc = subprocess.run(
         [
             SYSTEM_PYTHON,
-            str(DEPLOY),
+            str(script),
             "--wheel",
             str(renamed),
             "--role",
@@ -811,22 +748,3 @@ def test_deploy_refuses_a_wheel_with_a_renamed_file(tmp_path: Path, wheels: Whee
     result = json.loads(proc.stdout.splitlines()[-1])
     assert result["summary"] == "nothing was changed" and "file name" in result["error"]
     assert not (tmp_path / "p").exists()
-
-
-def _fingerprint(pem: str) -> str:
-    import hashlib
-
-    der = ssl.PEM_cert_to_DER_cert(pem)
-    return hashlib.sha256(der).digest().hex(":").upper()
-
-
-def test_deploy_refuses_an_interpreter_the_service_user_cannot_reach() -> None:
-    module = load_deploy()
-    # Directly under /tmp, so the private directory is the only one others cannot enter.
-    private = Path(tempfile.mkdtemp(prefix="paddock-hidden-", dir="/tmp"))
-    try:
-        (private / "python3").write_text("")
-        assert module.interpreter_hidden_from_others(private / "python3") == private
-        assert module.interpreter_hidden_from_others(Path("/usr/bin/python3")) is None
-    finally:
-        shutil.rmtree(private)

@@ -5,16 +5,18 @@ prefix, state root and config dir, with a throwaway service user. The stored
 target lives in a temporary XDG_CONFIG_HOME. The tests run in file order
 against that one host: deploy, a turn over the SSH route, a no-op re-run that
 switches the entry to the direct HTTPS route, a turn over that, then failures.
-The targets file's own rules are tested first, without a host.
+The agent side's own rules are tested first, without a host.
 """
 
 from __future__ import annotations
 
 import contextlib
 import grp
+import hashlib
 import json
 import os
 import pwd
+import re
 import secrets
 import shutil
 import signal
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from deploy_support import REPO, STEPS, SYSTEM_PYTHON
+from deploy_support import REPO, STEPS, SYSTEM_PYTHON, finished_steps
 from sshd import SSHD, Sshd, free_port
 
 from agent_side.deploy import (
@@ -37,6 +39,7 @@ from agent_side.deploy import (
     _Outcome,
     _Progress,
     build_wheel,
+    checked_script,
     checked_wheel,
     direct_url,
     script_options,
@@ -58,7 +61,7 @@ needs_host = pytest.mark.skipif(
 )
 
 
-# --- deploying, without a host ---------------------------------------------------------------
+# --- the agent side of the deploy, without a host ----------------------------------------
 
 
 @pytest.fixture
@@ -111,6 +114,15 @@ def test_deploy_statuses_follow_the_script_and_125_when_no_result_arrives(enviro
 def test_deploy_progress_shows_steps_and_makes_target_text_harmless(capsys) -> None:
     progress = _Progress(False, sys.stdout)
     lines = [
+        {"event": "step", "index": 3, "total": 10, "step": "dirs", "status": "started"},
+        {
+            "event": "step",
+            "index": 3,
+            "total": 10,
+            "step": "dirs",
+            "status": "running",
+            "detail": "still \x1b[31mred",
+        },
         {
             "event": "step",
             "index": 3,
@@ -136,6 +148,8 @@ def test_deploy_progress_shows_steps_and_makes_target_text_harmless(capsys) -> N
     progress.line(b"not json\n")
     out, err = capsys.readouterr()
     assert out.splitlines() == [
+        "[3/10] dirs ...",
+        "  dirs: still \\x1b[31mred",
         "[3/10] dirs: made \\x1b[31mred",
         "[4/10] release: FAILED: pip said no",
         "  careful",
@@ -158,6 +172,10 @@ def test_deploy_refuses_relative_paths_and_a_renamed_wheel(tmp_path) -> None:
     renamed.write_bytes(b"")
     with pytest.raises(UsageError, match="file name"):
         checked_wheel(renamed)
+    not_an_archive = tmp_path / "paddock-deploy"
+    not_an_archive.write_text("#!/usr/bin/python3\n")
+    with pytest.raises(UsageError, match=r"not a paddock-deploy\.pyz file"):
+        checked_script(not_an_archive)
 
 
 # --- a deployed host --------------------------------------------------------------------------
@@ -202,11 +220,15 @@ class Host:
     home: Path
     built: Built
     first: subprocess.CompletedProcess[str] | None = None
-    uploads_before: frozenset[str] = frozenset()
+    uploads_dir: Path = Path("/nonexistent")
 
     @property
     def workspace(self) -> Path:
         return self.base / "work"
+
+    def uploads(self) -> set[str]:
+        """What ``paddock deploy`` left in the target login's TMPDIR."""
+        return {p.name for p in self.uploads_dir.iterdir()}
 
     @property
     def config_dir(self) -> Path:
@@ -240,11 +262,17 @@ class Host:
         )
 
     def deploy(
-        self, *extra: str, roles: tuple[str, ...] = ("builder",), known: bool = True
+        self,
+        *extra: str,
+        roles: tuple[str, ...] = ("builder",),
+        known: bool = True,
+        prebuilt: bool = True,
     ) -> subprocess.CompletedProcess[str]:
+        """``paddock deploy``; with ``prebuilt`` False it builds the wheel from this checkout."""
         ssh = ["-i", str(self.sshd.client_key)]
         if known:
             ssh += ["--known-hosts", str(self.known_hosts)]
+        wheel = ["--wheel", str(self.built.wheel)] if prebuilt else []
         return self.paddock(
             "deploy",
             self.sshd.destination,
@@ -252,8 +280,7 @@ class Host:
             "--name",
             NAME,
             *(arg for role in roles for arg in ("--role", role)),
-            "--wheel",
-            str(self.built.wheel),
+            *wheel,
             "--wheelhouse",
             str(self.built.wheelhouse),
             "--prefix",
@@ -268,6 +295,8 @@ class Host:
             f"127.0.0.1:{self.port}",
             "--workspace",
             str(self.workspace),
+            "--bin-dir",
+            str(self.base / "bin"),
             # The system python3: root's shell here may put another first on the PATH.
             "--service",
             "supervised",
@@ -299,21 +328,20 @@ class Host:
         return entry
 
 
-def _uploads() -> set[str]:
-    return {p.name for p in Path("/tmp").glob("paddock-deploy.*")}
-
-
 @pytest.fixture(scope="module")
 def host(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
     # Not under pytest's basetemp: that is 0700, and the service user must reach its files.
     base = Path(tempfile.mkdtemp(prefix="pdk-deploy-ssh-", dir="/tmp"))
     os.chmod(base, 0o755)
     home = tmp_path_factory.mktemp("agent-home")
-    with Sshd(tmp_path_factory.mktemp("deploy-sshd")) as sshd:
+    # Logins get a TMPDIR of their own: what this test uploads is all that lands there.
+    uploads = tmp_path_factory.mktemp("uploads")
+    settings = (f"SetEnv TMPDIR={uploads}",)
+    with Sshd(tmp_path_factory.mktemp("deploy-sshd"), settings=settings) as sshd:
         known = sshd.write_known_hosts(tmp_path_factory.mktemp("known") / "known_hosts")
         target = Host(base, f"pdk{secrets.token_hex(3)[:5]}", free_port(), sshd, known, home, built)
         try:
-            target.uploads_before = frozenset(_uploads())
+            target.uploads_dir = uploads
             target.first = target.deploy()
             assert target.first.returncode == 0, target.first.stdout + target.first.stderr
             yield target
@@ -344,13 +372,12 @@ def _tear_down(target: Host) -> None:
 def test_deploy_over_ssh_shows_each_step_and_stores_the_target(host: Host) -> None:
     first = host.first
     assert first is not None
-    shown = [
-        line.split("]")[1].split(":")[0].strip()
-        for line in first.stdout.splitlines()
-        if line.startswith("[")
-    ]
-    assert shown == list(STEPS)
+    started = re.findall(r"^\[\d+/10\] (\w+) \.\.\.$", first.stdout, re.M)
+    ended = re.findall(r"^\[\d+/10\] (\w+): ", first.stdout, re.M)
+    assert started == ended == list(STEPS)
     assert "[1/10] preflight: root, Python" in first.stdout
+    # The SSH host was checked before the script's first step.
+    assert first.stdout.index("host key verified") < first.stdout.index("[1/10] preflight ...")
     assert f"next: paddock run -t {NAME} -- CMD" in first.stdout
     table = host.table()
     assert table["route"] == "ssh" and table["ssh"] == host.sshd.destination
@@ -367,7 +394,8 @@ def test_deploy_over_ssh_shows_each_step_and_stores_the_target(host: Host) -> No
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
     pinned = (host.stored / str(table["ca_file"])).read_text()
     assert pinned == (host.config_dir / "tls" / "ca.pem").read_text()
-    assert _uploads() == host.uploads_before  # the uploaded directory is gone
+    assert f"paddock-deploy.pyz to {host.uploads_dir}/paddock-deploy." in first.stdout
+    assert host.uploads() == set()  # the uploaded directory is gone
 
 
 @needs_host
@@ -382,16 +410,35 @@ def test_run_with_the_stored_target_goes_through_the_ssh_route(host: Host) -> No
 
 
 @needs_host
-def test_rerun_changes_nothing_and_can_store_the_direct_https_route(host: Host) -> None:
+@needs_host
+def test_wheel_built_twice_from_the_same_sources_is_the_same(built: Built, tmp_path) -> None:
+    again = build_wheel(REPO, tmp_path / "dist")
+    assert again.name == built.wheel.name
+    assert _sha256(again) == _sha256(built.wheel)
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@needs_host
+def test_rerun_building_the_same_sources_changes_nothing_and_can_store_the_https_route(
+    host: Host,
+) -> None:
     pid = host.server_pid()
     token = (host.stored / f"targets/{NAME}/token-builder").read_text()
-    before = _uploads()
-    again = host.deploy("--route", "https", "--json")
+    before = host.uploads()
+    # paddock deploy builds the wheel itself this time: the same sources give the same wheel.
+    again = host.deploy("--route", "https", "--json", prebuilt=False)
     assert again.returncode == 0, again.stdout + again.stderr
+    assert f"built {host.built.wheel.name} (sha256 {_sha256(host.built.wheel)[:12]})" in (
+        again.stderr  # paddock's own stages: on stderr with --json
+    )
     lines = [json.loads(line) for line in again.stdout.splitlines()]
-    steps = [line for line in lines if line["event"] == "step"]
+    steps = finished_steps(lines)
     assert [s["step"] for s in steps] == list(STEPS)
     assert {s["status"] for s in steps} == {"unchanged"}
+    assert all("nothing to do" in s["detail"] for s in steps[1:-1])
     result = next(line for line in lines if line["event"] == "result")
     assert result["ok"] and not result["changed"] and result["tokens"] == {}
     assert lines[-1]["event"] == "target" and lines[-1]["route"] == "https"
@@ -399,7 +446,7 @@ def test_rerun_changes_nothing_and_can_store_the_direct_https_route(host: Host) 
     assert (host.stored / f"targets/{NAME}/token-builder").read_text() == token  # kept
     assert host.table()["route"] == "https"
     assert host.table()["url"] == f"https://127.0.0.1:{host.port}"
-    assert _uploads() == before
+    assert host.uploads() == before
     logins = host.sshd.accepted_logins()
     ran = host.run_id()
     assert ran.returncode == 0, ran.stderr
@@ -410,14 +457,14 @@ def test_rerun_changes_nothing_and_can_store_the_direct_https_route(host: Host) 
 @needs_host
 def test_failed_deploy_rolls_back_and_the_previous_install_keeps_serving(host: Host) -> None:
     pid = host.server_pid()
-    before = _uploads()
+    before = host.uploads()
     failed = host.deploy("--fail-at", "config", roles=("builder", "reviewer"))
     assert failed.returncode == 1, failed.stdout + failed.stderr
     assert "[6/10] config: FAILED: failure injected" in failed.stdout
     assert "rollback: undone:" in failed.stdout
     assert "deploy failed at step config" in failed.stderr
     assert "reviewer" not in host.table()["tokens"]  # type: ignore[operator]
-    assert _uploads() == before
+    assert host.uploads() == before
     assert host.server_pid() == pid
     ran = host.run_id()
     assert ran.returncode == 0 and ran.stdout.strip() == str(host.uid), ran.stderr
@@ -431,9 +478,10 @@ def test_refused_deploy_exits_2_and_changes_nothing(host: Host) -> None:
 
 
 @needs_host
-def test_unknown_host_key_fails_with_125_before_anything_runs(host: Host) -> None:
-    before = _uploads()
-    refused = host.deploy(known=False)
+def test_unknown_host_key_fails_with_125_before_anything_is_built_or_run(host: Host) -> None:
+    before = host.uploads()
+    refused = host.deploy(known=False, prebuilt=False)
     assert refused.returncode == 125, refused.stdout + refused.stderr
     assert "SSH host key unknown" in refused.stderr and "ssh-keyscan" in refused.stderr
-    assert _uploads() == before
+    assert "building" not in refused.stdout + refused.stderr
+    assert host.uploads() == before

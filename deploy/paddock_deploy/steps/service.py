@@ -1,0 +1,95 @@
+"""Step 7: how the server is run: the hardened systemd unit where systemd is PID 1, else the
+supervisor (``PREFIX/bin/paddock-supervise`` and its settings beside it)."""
+
+from __future__ import annotations
+
+import grp
+import importlib.resources
+import json
+import sys
+
+from paddock_deploy.context import Context, Outcome
+from paddock_deploy.files import restore, snapshot, write_file
+from paddock_deploy.systemd_unit import UNIT_NAME, render_unit, systemctl, systemctl_says_yes
+
+
+def run(ctx: Context) -> Outcome:
+    if ctx.mode == "systemd":
+        return install_unit(ctx)
+    return install_supervisor(ctx)
+
+
+def install_unit(ctx: Context) -> Outcome:
+    account = ctx.need_account()
+    text = render_unit(
+        user=account.name,
+        group=grp.getgrgid(account.gid).gr_name,
+        prefix=ctx.prefix,
+        config=ctx.config_file,
+        state_root=ctx.state_root,
+        workspaces=ctx.opts.workspace,
+    )
+    unit = ctx.unit_file
+    before = snapshot(unit)
+    done = []
+    if before is None or before.data != text.encode():
+
+        def put_back() -> None:
+            restore(unit, before)
+            systemctl("daemon-reload")
+
+        ctx.tx.on_failure(f"{unit} as it was (and systemctl daemon-reload)", put_back)
+        write_file(unit, text.encode(), 0o644)
+        systemctl("daemon-reload")
+        ctx.service_changed = True
+        done.append(f"wrote {unit}")
+    if not systemctl_says_yes("is-enabled"):
+        ctx.tx.on_failure(
+            f"systemctl disable {UNIT_NAME}", lambda: systemctl("disable", "--quiet", UNIT_NAME)
+        )
+        systemctl("enable", "--quiet", UNIT_NAME)
+        done.append("enabled it")
+    said = "; ".join(done) if done else f"nothing to do ({unit} is current)"
+    return Outcome(bool(done), said)
+
+
+def supervisor_source() -> bytes:
+    """``paddock_deploy/supervisor.py`` as it is, read from the package (or the zipapp)."""
+    return importlib.resources.files("paddock_deploy").joinpath("supervisor.py").read_bytes()
+
+
+def supervisor_settings(ctx: Context) -> bytes:
+    account = ctx.need_account()
+    settings = {
+        "user": account.name,
+        "prefix": str(ctx.prefix),
+        "config": str(ctx.config_file),
+        "run_dir": str(ctx.state_root / "supervisor"),
+        "python": sys.executable,
+    }
+    return (json.dumps(settings, indent=2, sort_keys=True) + "\n").encode()
+
+
+def install_supervisor(ctx: Context) -> Outcome:
+    wanted = {
+        ctx.supervisor: (supervisor_source(), 0o755),
+        ctx.supervisor_settings: (supervisor_settings(ctx), 0o644),
+    }
+    written = []
+    for path, (data, mode) in wanted.items():
+        before = snapshot(path)
+        if before is not None and (before.data, before.mode, before.uid) == (data, mode, 0):
+            continue
+        ctx.tx.on_failure(
+            f"{path} as it was", lambda path=path, before=before: restore(path, before)
+        )
+        write_file(path, data, mode)
+        written.append(str(path))
+    if not written:
+        return Outcome(False, f"nothing to do ({ctx.supervisor} is current)")
+    ctx.service_changed = True
+    return Outcome(
+        True,
+        f"wrote {' and '.join(written)} (no systemd here: the server runs under this "
+        "supervisor instead of a unit)",
+    )
