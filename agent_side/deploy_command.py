@@ -104,4 +104,3 @@ def deploy_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         as_json=args.json,
     )
     return deploy(request, environ, ssh_passphrase(environ))
-
