@@ -3,7 +3,7 @@
 
 Each mutation is applied to a private copy of the tree (never the working
 tree), the tests that defend the rule are run there, and the mutation passes
-only if they FAIL. Run: ``.venv/bin/python scripts/mutation_check.py [NAME ...]``.
+only if they FAIL. Run: ``.venv/bin/python scripts/mutation_check.py all`` (or NAME ...).
 """
 
 from __future__ import annotations
@@ -351,6 +351,178 @@ MUTATIONS = (
     ),
 )
 
+# --- issue 9: the host side of a turn ---------------------------------------------------------
+HOST_EDGES = "tests/test_host_edges.py"
+MUTATIONS += (
+    Mutation(
+        "bwrap-under-the-turns-env",
+        "target_side/fence/launch.py",
+        "plan.stdin_open, env=BWRAP_ENV",
+        "plan.stdin_open, env={**BWRAP_ENV, **plan.env}",
+        (f"{HOST_EDGES} -k env_loader_variables or bwraps_command_line",),
+    ),
+    Mutation(
+        "options-on-bwraps-command-line",
+        "target_side/fence/launch.py",
+        '        "--args",\n        str(fds.args),\n',
+        "        *bwrap_options(plan, fds),\n",
+        (f"{HOST_EDGES}::test_env_values_are_not_on_bwraps_command_line_nor_in_its_environment",),
+    ),
+    Mutation(
+        "turns-run-as-the-server",
+        "target_side/policy/plan.py",
+        "    return uid, gid\n",
+        "    return os.getuid(), os.getgid()\n",
+        (f"{HOST_EDGES} -k identity",),
+    ),
+    Mutation(
+        "supplementary-groups-kept",
+        "target_side/fence/launch.py",
+        '"group": gid, "extra_groups": []}',
+        '"group": gid}',
+        (f"{HOST_EDGES}::test_identity_files_a_turn_makes_belong_to_its_role",),
+    ),
+    Mutation(
+        "git-dir-not-a-mount-point",
+        "target_side/policy/plan.py",
+        '        planner.mounts.append(Mount("rw", git_dir, git_dir, "fence.git", *identity(git_dir)))',
+        "        pass",
+        (f"{HOST_EDGES}::test_git_dir_cannot_be_renamed_away_and_replaced",),
+    ),
+    Mutation(
+        "git-members-writable",
+        "target_side/policy/protect.py",
+        "            found.read_only.append(inner)",
+        "            pass",
+        (f"{HOST_EDGES} -k below_the_mount_root or worktrees_submodules",),
+    ),
+    Mutation(
+        "protected-names-audit-skipped",
+        "target_side/service/turns.py",
+        "audit.enforce, plan.audit, plan.turn_id",
+        "audit.enforce, {}, plan.turn_id",
+        (f"{HOST_EDGES} -k redirection_created or hooks_missing or new_ones_at_the_top or symlink_repointed",),
+    ),
+    Mutation(
+        "protect-scan-stays-at-the-top",
+        "target_side/policy/protect.py",
+        "        pending.extend(\n",
+        "        (\n",
+        (f"{HOST_EDGES} -k below_the_mount_root or new_ones_at_the_top",),
+    ),
+    Mutation(
+        "scan-limit-ignored",
+        "target_side/policy/protect.py",
+        "        if visited > limit:",
+        "        if False:",
+        (f"{HOST_EDGES}::test_writable_mount_with_more_directories_than_the_scan_limit_is_refused",),
+    ),
+    Mutation(
+        "destination-not-normal-accepted",
+        "target_side/policy/mounts.py",
+        "        if not is_normal(target):",
+        "        if False:",
+        (f"{HOST_EDGES} -k not_normal",),
+    ),
+    Mutation(
+        "forbidden-check-on-destinations-dropped",
+        "target_side/policy/mounts.py",
+        "        self.check_forbidden(subject, target, target)",
+        "        pass",
+        (f"{HOST_EDGES} -k secret_destination_on_a_forbidden_path or secret_placed_into_proc",),
+    ),
+    Mutation(
+        "home-repaired-through-a-symlink",
+        "target_side/fence/home.py",
+        'DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC',
+        'DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC',
+        (f"{HOST_EDGES}::test_home_replaced_by_a_symlink_is_moved_aside_and_the_role_keeps_working",),
+        also=(
+            (
+                '            repaired = _move_aside(parent, where, f"belonged to uid {st.st_uid}, not {uid}")\n            fd = _make(parent, uid, gid)',
+                "            fd = os.open(HOME, DIR_FLAGS, dir_fd=parent)\n            os.fchown(fd, uid, gid)",
+            ),
+        ),
+    ),
+    Mutation(
+        "proc-sys-dev-mountable",
+        "target_side/policy/forbidden.py",
+        'NEVER_MOUNTED = ("/proc", "/sys", "/dev")',
+        "NEVER_MOUNTED = ()",
+        (f"{HOST_EDGES} -k proc_sys_dev or secret_placed_into_proc",),
+    ),
+    Mutation(
+        "other-roles-workspaces-open",
+        "target_side/policy/forbidden.py",
+        "        *_other_workspaces(settings, role),\n",
+        "",
+        (f"{HOST_EDGES}::test_another_roles_workspace_is_forbidden",),
+    ),
+    Mutation(
+        "vsock-unfiltered",
+        "target_side/fence/syscall_filter.py",
+        "    if not network:",
+        "    if False:",
+        (f"{HOST_EDGES}::test_vsock_is_filtered_without_network",),
+    ),
+    Mutation(
+        "fence-path-dirs-untrusted",
+        "target_side/policy/mounts.py",
+        "            found = trust.untrusted_ancestor(resolved)",
+        "            found = None",
+        (f"{HOST_EDGES}::test_fence_path_directory_others_can_write_is_refused",),
+    ),
+    Mutation(
+        "fence-path-dirs-not-bound",
+        "target_side/policy/mounts.py",
+        '            self.add("ro", directory, "fence.path")',
+        "            pass",
+        (f"{HOST_EDGES}::test_fence_path_directory_of_the_operator_is_bound_and_runs",),
+    ),
+    Mutation(
+        "home-is-the-servers",
+        "target_side/policy/environment.py",
+        '        "HOME": home,',
+        '        "HOME": server_env.get("HOME", home),',
+        (f"{HOST_EDGES}::test_env_home_is_the_roles_own_not_the_servers",),
+    ),
+    Mutation(
+        "ambient-turn-id-reused",
+        "target_side/policy/environment.py",
+        '    env["PADDOCK_TURN_ID"] = turn_id',
+        '    env["PADDOCK_TURN_ID"] = server_env.get("PADDOCK_TURN_ID", turn_id)',
+        (f"{HOST_EDGES}::test_env_turn_id_is_minted_even_when_the_server_has_one",),
+    ),
+    Mutation(
+        "lc-all-always-pinned",
+        "target_side/policy/environment.py",
+        "    if not any(LOCALE_NAMES.fullmatch(name) for name in declared):",
+        "    if True:",
+        (f"{HOST_EDGES}::test_env_declared_lang_alone_sets_the_locale",),
+    ),
+    Mutation(
+        "shared-ro-loop-dropped",
+        "target_side/policy/plan.py",
+        "    for i, path in enumerate(role.shared_ro):",
+        "    for i, path in enumerate(()):",
+        (f"{HOST_EDGES}::test_shared_ro_entries_layer_over_the_home",),
+    ),
+    Mutation(
+        "scratch-unsized",
+        "target_side/fence/launch.py",
+        '        "--size",\n        str(plan.limits.scratch_mb << 20),\n',
+        "",
+        ("tests/test_turns.py::test_scratch_is_sized_memory_that_goes_with_the_turn",),
+    ),
+    Mutation(
+        "executable-of-any-owner-trusted",
+        "target_side/trust.py",
+        "    if st.st_uid not in trusted_owners(also):\n        return f\"is owned by uid {st.st_uid}\"\n    if st.st_mode & 0o022:",
+        "    if False:\n        return f\"is owned by uid {st.st_uid}\"\n    if st.st_mode & 0o022:",
+        ("tests/test_held_paths.py::test_executable_owned_by_someone_else_is_refused",),
+    ),
+)
+
 
 def run(mutation: Mutation) -> bool:
     """True if the mutation turned its tests red (as it must)."""
@@ -383,8 +555,23 @@ def _red(tree: Path, spec: str) -> bool:
     return result.returncode == 1
 
 
+USAGE = (
+    "usage: scripts/mutation_check.py all | NAME [NAME ...]\n"
+    "  inverts the rule behind each security test and expects its tests to go red"
+)
+
+
 def main() -> int:
-    chosen = [m for m in MUTATIONS if len(sys.argv) < 2 or m.name in sys.argv[1:]]
+    names = sys.argv[1:]
+    known = {m.name for m in MUTATIONS}
+    unknown = [n for n in names if n != "all" and n not in known]
+    if not names or unknown:
+        if unknown:
+            print(f"unknown mutation(s): {', '.join(unknown)}", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
+        print("known: " + " ".join(sorted(known)), file=sys.stderr)
+        return 2
+    chosen = [m for m in MUTATIONS if "all" in names or m.name in names]
     results = [run(m) for m in chosen]
     print(f"{sum(results)}/{len(results)} mutations caught")
     return 0 if all(results) else 1

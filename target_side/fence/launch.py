@@ -23,7 +23,7 @@ import functools
 import os
 import shutil
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from shared.wire import Refusal
@@ -266,7 +266,9 @@ async def launch_turn(
         fds = replace(fds, args=_opened(opened, args_fd(bwrap_options(plan, fds))))
         inject("open-to-launch")
         argv = bwrap_argv(bwrap, plan, fds, limits.rlimit_prefix(plan.uid))
-        process = await spawn_as(argv, plan.uid, plan.gid, fds.passed(), plan.stdin_open)
+        process = await spawn_as(
+            argv, plan.uid, plan.gid, fds.passed(), plan.stdin_open, env=BWRAP_ENV
+        )
     except LimitError as exc:
         _close_all(opened)
         raise refusals.backend_unavailable(str(exc)) from exc
@@ -294,12 +296,19 @@ async def launch_turn(
 
 
 async def spawn_as(
-    argv: Sequence[str], uid: int, gid: int, pass_fds: Sequence[int], stdin_open: bool
+    argv: Sequence[str],
+    uid: int,
+    gid: int,
+    pass_fds: Sequence[int],
+    stdin_open: bool,
+    *,
+    env: Mapping[str, str] = BWRAP_ENV,
 ) -> asyncio.subprocess.Process:
     """Start ``argv`` as ``uid:gid`` with no supplementary groups, pipes for every stream.
 
-    As the server's own uid nothing is switched (a private target whose turns
-    run as its operator, ``[fence] identity = "server"``).
+    ``env`` is all the environment it gets: bubblewrap's own fixed one, never a
+    turn's. As the server's own uid nothing is switched (a private target whose
+    turns run as its operator, ``[fence] identity = "server"``).
     """
     switch = {}
     if (uid, gid) != (os.getuid(), os.getgid()):
@@ -309,7 +318,7 @@ async def spawn_as(
         stdin=asyncio.subprocess.PIPE if stdin_open else asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env=BWRAP_ENV,
+        env=dict(env),
         pass_fds=tuple(pass_fds),
         start_new_session=True,  # a Ctrl-C at the server's terminal is not the turn's
         close_fds=True,

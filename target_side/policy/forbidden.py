@@ -93,6 +93,14 @@ def role_home(settings: Settings, role: str) -> Path:
     return role_state_dir(settings, role) / "home"
 
 
+def home_place(settings: Settings, role: str) -> str:
+    """Where the role's home belongs, canonical up to it and never through what stands there.
+
+    Whatever a turn left in its place (a symlink, say) is moved aside at launch.
+    """
+    return f"{canonical_path(role_state_dir(settings, role))}/home"
+
+
 def forbidden_for(
     settings: Settings, role: str, environ: Mapping[str, str] | None = None
 ) -> ForbiddenList:
@@ -112,7 +120,7 @@ def forbidden_for(
     if agent_socket and agent_socket.startswith("/"):
         entries.append(ForbiddenEntry(agent_socket, "the server's SSH agent socket"))
     canonical = [ForbiddenEntry(canonical_path(e.path), e.why) for e in entries]
-    return ForbiddenList(canonical, (canonical_path(role_home(settings, role)),))
+    return ForbiddenList(canonical, (home_place(settings, role),))
 
 
 def _other_workspaces(settings: Settings, role: str) -> list[ForbiddenEntry]:

@@ -114,8 +114,13 @@ class MountPlanner:
         """Whether canonical ``resolved`` lies inside something already mounted."""
         return any(m.kind != "symlink" and is_within(resolved, m.source) for m in self.mounts)
 
+    def home(self, place: str) -> str:
+        """The role's home at its place (``forbidden.home_place``): opened without following
+        links at launch, after whatever stood there was moved aside."""
+        return self.add("rw", place, "roles.home")
+
     def add(self, kind: MountKind, path: str, subject: str, dest: str | None = None) -> str:
-        resolved = resolve(subject, path)
+        resolved = path if subject == "roles.home" else resolve(subject, path)
         self.check_forbidden(subject, path, resolved)
         target = dest or resolved
         if not is_normal(target):

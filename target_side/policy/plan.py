@@ -20,9 +20,9 @@ from target_side.config import RoleConfig, RoleLimits, Settings
 from target_side.policy import refusals
 from target_side.policy.environment import build_env
 from target_side.policy.executables import resolve_executable
-from target_side.policy.forbidden import forbidden_for, role_home
+from target_side.policy.forbidden import forbidden_for, home_place
 from target_side.policy.mounts import Mount, MountPlanner, identity
-from target_side.policy.paths import is_normal, resolve
+from target_side.policy.paths import resolve
 from target_side.policy.protect import PROTECTED_NAMES, scan
 
 SCRIPT_PATH = "/run/paddock/turn.sh"
@@ -63,21 +63,20 @@ def plan_turn(
     role = settings.roles[request.role]
     limits = effective_limits(request.limits, role.limits)
     network = _network(request, role)
-    home = str(role_home(settings, request.role))
+    home = home_place(settings, request.role)
     workspaces = tuple(resolve("roles.workspaces", w) for w in role.workspaces)
     uid, gid = host_ids(settings, request.role)
     forbidden = forbidden_for(settings, request.role, server_env)
     planner = MountPlanner(forbidden, workspaces, (uid, gid))
     planner.system()
     planner.path_dirs(settings.fence.path)
-    planner.add("rw", home, "roles.home")
+    planner.home(home)
     cwd = planner.workspace_dir(request.cwd or role.workspaces[0], "cwd")
     for i, path in enumerate(request.fs.write):
         planner.workspace_dir(path, f"fs.write[{i}]")
     for i, path in enumerate(request.fs.read):
         planner.existing("ro", path, f"fs.read[{i}]")
     for i, pair in enumerate(request.secrets):
-        _check_destination(pair, f"secrets[{i}]")
         planner.secret(pair, f"secrets[{i}]")
     for i, path in enumerate(role.shared_ro):
         dest = posixpath.join(home, posixpath.basename(path.rstrip("/")))
@@ -152,12 +151,6 @@ def _network(request: TurnRequest, role: RoleConfig) -> bool:
     if request.network == "host" and not role.allow_network:
         raise refusals.network_not_allowed(request.role)
     return request.network == "host"
-
-
-def _check_destination(pair: str, subject: str) -> None:
-    _, sep, inside = pair.partition(":")
-    if sep and not is_normal(inside):
-        raise refusals.abnormal_destination(subject, inside)
 
 
 def _protect(planner: MountPlanner, settings: Settings) -> dict[str, str | None]:

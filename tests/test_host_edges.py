@@ -1,0 +1,577 @@
+"""What a hostile turn can do on the host side: each attack first, then the rule that stops it.
+
+The fence itself (namespaces, seccomp, capabilities) has its own tests; these
+are about what the target does on a turn's behalf outside it: the programs it
+runs, the identity the turn acts as, the files it touches and protects.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import trustme
+from conftest import (
+    OTHER_TOKEN,
+    Target,
+    events,
+    make_settings,
+    output,
+    owned_by_role,
+    processes_with,
+    run,
+    submit,
+    wait_until,
+)
+
+from shared.walk import canonical_path
+from shared.wire import Turn
+from target_side.config import FenceConfig, RoleConfig, Settings, parse_settings
+from target_side.errors import ConfigError
+from target_side.fence.audit import QUARANTINE_SUFFIX
+from target_side.policy.forbidden import role_home
+from target_side.service.server import ServerThread
+
+
+@pytest.fixture(scope="module")
+def edges(tmp_path_factory: pytest.TempPathFactory, ca: trustme.CA) -> Iterator[Target]:
+    """A target whose two roles have workspaces of their own; ``other`` may use the network.
+
+    The fence PATH has an operator's tool directory, and ``.tool-versions`` is protected
+    on top of the built-in names.
+    """
+    root = Path(canonical_path(tmp_path_factory.mktemp("edges")))
+    base = make_settings(root, ca)
+    other_ws = root / "other-ws"
+    other_ws.mkdir()
+    tools = root / "opt-tools" / "bin"
+    tools.mkdir(parents=True)
+    (tools / "paddock-tool").write_text("#!/bin/sh\necho tool ran\n")
+    (tools / "paddock-tool").chmod(0o755)
+    roles = dict(base.roles)
+    roles["other"] = RoleConfig(
+        token_sha256=base.roles["other"].token_sha256,
+        workspaces=(str(other_ws),),
+        allow_network=True,
+    )
+    fence = FenceConfig(path=f"{tools}:/usr/local/bin:/usr/bin:/bin", protect=(".tool-versions",))
+    settings = base.model_copy(update={"roles": roles, "fence": fence})
+    owned_by_role(other_ws, settings, "other")
+    ca_file = root / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    with ServerThread(settings) as server:
+        yield Target(server.url, str(ca_file), settings, root / "ws")
+
+
+@pytest.fixture
+def c(edges: Target) -> Iterator[httpx.Client]:
+    with edges.client() as client:
+        yield client
+
+
+@pytest.fixture
+def ws(edges: Target, tmp_path: Path) -> Path:
+    """A fresh directory of the builder's own inside its workspace, for one test."""
+    here = edges.workspace / tmp_path.name
+    here.mkdir()
+    return owned_by_role(here, edges.settings)
+
+
+def _uid(settings: Settings, role: str = "builder") -> int:
+    return settings.role_ids(role)[0]
+
+
+def _refusal(turn: Turn) -> tuple[str, str]:
+    assert turn.state == "refused" and turn.refusal is not None, turn
+    return turn.refusal.rule, turn.refusal.detail
+
+
+# --- 1. the request's env never reaches a program the target runs on the host ----------------
+
+
+def test_env_loader_variables_reach_the_command_only(c: httpx.Client) -> None:
+    # Under the turn's env, the loader would report on /usr/bin/bwrap and /usr/bin/env too.
+    turn, evs = run(c, ["true"], env={"LD_DEBUG": "files", "LD_PRELOAD": "/nonexistent.so"})
+    stderr = output(evs, "stderr")
+    assert turn.exit_code == 0
+    assert "/nonexistent.so" in stderr  # the command itself did see them
+    assert "bwrap" not in stderr and "/usr/bin/env" not in stderr and "prlimit" not in stderr
+
+
+def test_env_values_are_not_on_bwraps_command_line_nor_in_its_environment(
+    c: httpx.Client, edges: Target
+) -> None:
+    marker = "281.5"
+    turn = submit(c, argv=["sh", "-c", f"sleep {marker}"], env={"API_TOKEN": "value-never-in-ps"})
+    try:
+        assert wait_until(lambda: bool(processes_with("sleep", marker)))
+        bwraps = [pid for pid in _pids() if _exe(pid).endswith("/bwrap")]
+        assert bwraps
+        for pid in bwraps:
+            assert b"value-never-in-ps" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            assert [e for e in environ if e] == [b"PATH=/usr/bin:/bin:/usr/local/bin"]
+    finally:
+        c.post(f"/v1/turns/{turn.turn_id}/signal", json={"signal": "KILL"})
+        events(c, turn.turn_id)
+
+
+def _pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def _exe(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return ""
+
+
+# --- 2. a turn acts on the host as its role's own uid ---------------------------------------
+
+
+def test_identity_files_a_turn_makes_belong_to_its_role(
+    c: httpx.Client, edges: Target, ws: Path
+) -> None:
+    turn, evs = run(c, ["sh", "-c", "id -u; id -G; touch made"], cwd=str(ws))
+    uid = _uid(edges.settings)
+    assert turn.exit_code == 0
+    assert output(evs).split() == [str(uid), str(uid)]  # no supplementary groups either
+    st = (ws / "made").stat()
+    assert (st.st_uid, st.st_gid) == (uid, uid)
+    assert st.st_mode & 0o777 == 0o644  # one umask, whatever the server's
+
+
+def test_identity_a_unix_socket_sees_the_roles_uid(
+    c: httpx.Client, edges: Target, ws: Path
+) -> None:
+    path = ws / "peer.sock"
+    seen: list[int] = []
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(path))
+        path.chmod(0o666)
+        server.listen(1)
+
+        def accept() -> None:
+            conn, _ = server.accept()
+            with conn:
+                creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+                seen.append(int.from_bytes(creds[4:8], "little"))
+
+        waiter = threading.Thread(target=accept, daemon=True)
+        waiter.start()
+        connect = f"import socket; socket.socket(socket.AF_UNIX).connect({str(path)!r})"
+        turn, _ = run(c, ["python3", "-c", connect], cwd=str(ws))
+        waiter.join(10)
+    assert turn.exit_code == 0
+    assert seen == [_uid(edges.settings)]
+
+
+def test_identity_a_root_only_socket_refuses_the_turn(c: httpx.Client, ws: Path) -> None:
+    path = ws / "root-only.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(path))
+        path.chmod(0o600)
+        server.listen(1)
+        connect = f"import socket; socket.socket(socket.AF_UNIX).connect({str(path)!r})"
+        turn, evs = run(c, ["python3", "-c", connect], cwd=str(ws))
+    assert turn.exit_code == 1
+    assert "PermissionError" in output(evs, "stderr")
+
+
+def test_identity_git_on_the_host_does_not_trust_a_repository_a_turn_made(
+    c: httpx.Client, ws: Path
+) -> None:
+    turn, _ = run(c, ["git", "init", "-q", "planted"], cwd=str(ws))
+    assert turn.exit_code == 0
+    host = subprocess.run(
+        ["git", "-C", str(ws / "planted"), "status"], capture_output=True, text=True, check=False
+    )
+    assert host.returncode != 0
+    assert "dubious ownership" in host.stderr
+
+
+def test_identity_another_roles_workspace_stays_closed_even_if_a_rule_slips(
+    edges: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel stands behind the mount allowlist: with the forbidden entry removed, the
+    other role's 0700 workspace is mounted, and still cannot be read."""
+    from target_side.policy import forbidden
+
+    other_ws = edges.settings.roles["other"].workspaces[0]
+    (Path(other_ws) / "private.txt").write_text("other's\n")
+    monkeypatch.setattr(forbidden, "_other_workspaces", lambda settings, role: [])
+    with edges.client() as c:
+        turn, evs = run(c, ["cat", f"{other_ws}/private.txt"], fs={"read": [other_ws]})
+    assert turn.exit_code == 1
+    assert "Permission denied" in output(evs, "stderr")
+
+
+# --- 3. git metadata and the other protected names -------------------------------------------
+
+
+def _repo(where: Path, *extra: str) -> Path:
+    subprocess.run(["git", "init", "-q", *extra, str(where)], check=True)
+    return where
+
+
+def _hand_over(path: Path, settings: Settings) -> None:
+    """Give a tree to the builder's uid, as a deploy does for a workspace it makes."""
+    uid, gid = settings.role_ids("builder")
+    for directory, dirs, files in os.walk(path):
+        for name in [*dirs, *files]:
+            os.lchown(os.path.join(directory, name), uid, gid)
+    os.chown(path, uid, gid)
+
+
+def test_git_dir_cannot_be_renamed_away_and_replaced(
+    c: httpx.Client, edges: Target, ws: Path
+) -> None:
+    _repo(ws)
+    _hand_over(ws, edges.settings)
+    attack = "mv .git .git.old && cp -a .git.old .git && echo '[core]fsmonitor=x' >> .git/config"
+    turn, _ = run(c, ["sh", "-c", attack], cwd=str(ws))
+    assert turn.exit_code != 0
+    assert (ws / ".git" / "config").read_text().count("fsmonitor") == 0
+    assert not (ws / ".git.old").exists()
+
+
+def test_git_repository_below_the_mount_root_is_protected(
+    c: httpx.Client, edges: Target, ws: Path
+) -> None:
+    _repo(ws / "proj")
+    _hand_over(ws, edges.settings)
+    attack = (
+        "echo evil > proj/.git/hooks/pre-commit; "
+        "git -C proj config core.fsmonitor 'touch /tmp/x'; "
+        "mv proj/.git proj/.git.old; echo done"
+    )
+    _turn, evs = run(c, ["sh", "-c", attack], cwd=str(ws))
+    assert output(evs) == "done\n"
+    assert not (ws / "proj/.git/hooks/pre-commit").exists()
+    assert "fsmonitor" not in (ws / "proj/.git/config").read_text()
+    assert (ws / "proj/.git").is_dir() and not (ws / "proj/.git.old").exists()
+
+
+@pytest.mark.parametrize("name", ["commondir", "config.worktree"])
+def test_git_redirection_created_during_a_turn_is_moved_aside(
+    c: httpx.Client, edges: Target, ws: Path, name: str
+) -> None:
+    _repo(ws)
+    (ws / ".cx").mkdir()
+    (ws / ".cx" / "config").write_text("[core]\n\tfsmonitor = touch /tmp/pwned\n")
+    _hand_over(ws, edges.settings)
+    turn, evs = run(c, ["sh", "-c", f"echo ../.cx > .git/{name}"], cwd=str(ws))
+    assert turn.exit_code == 0
+    assert not (ws / ".git" / name).exists()
+    assert (ws / ".git" / f"{name}{QUARANTINE_SUFFIX}{turn.turn_id}").exists()
+    notices = [e.message for e in evs if e.kind == "notice"]
+    assert any(f".git/{name} appeared during the turn" in n for n in notices)
+    # The exit event comes after: whoever was told the turn ended sees the repository safe.
+    assert evs[-1].kind == "exit"
+
+
+def test_git_hooks_missing_from_a_repository_cannot_be_added(
+    c: httpx.Client, edges: Target, ws: Path
+) -> None:
+    _repo(ws)
+    subprocess.run(["rm", "-rf", str(ws / ".git" / "hooks")], check=True)
+    _hand_over(ws, edges.settings)
+    turn, _ = run(
+        c, ["sh", "-c", "mkdir .git/hooks && echo evil > .git/hooks/post-checkout"], cwd=str(ws)
+    )
+    assert turn.exit_code == 0
+    assert not (ws / ".git" / "hooks").exists()
+
+
+def test_git_worktrees_submodules_bare_repos_and_gitfiles_are_protected(
+    c: httpx.Client, edges: Target, ws: Path
+) -> None:
+    main = _repo(ws / "main")
+    subprocess.run(
+        [
+            "git",
+            "-C",
+            str(main),
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-q",
+            "--allow-empty",
+            "-m",
+            "x",
+        ],
+        check=True,
+    )
+    subprocess.run(["git", "-C", str(main), "worktree", "add", "-q", str(ws / "wt")], check=True)
+    _repo(ws / "bare.git", "--bare")
+    modules = main / ".git" / "modules" / "sub"
+    modules.mkdir(parents=True)
+    (modules / "config").write_text("[core]\n")
+    _hand_over(ws, edges.settings)
+    targets = [
+        "main/.git/worktrees/wt/commondir",
+        "main/.git/modules/sub/config",
+        "bare.git/config",
+        "wt/.git",
+    ]
+    attack = "; ".join(f"echo evil >> {t}" for t in targets) + "; echo done"
+    _turn, evs = run(c, ["sh", "-c", attack], cwd=str(ws))
+    assert output(evs) == "done\n"
+    for name in targets:
+        assert "evil" not in (ws / name).read_text(), name
+
+
+def test_protected_names_stay_read_only_and_new_ones_at_the_top_are_moved_aside(
+    c: httpx.Client, edges: Target, ws: Path
+) -> None:
+    (ws / ".bashrc").write_text("# mine\n")
+    (ws / "deep" / ".vscode").mkdir(parents=True)
+    (ws / "deep" / ".vscode" / "tasks.json").write_text("{}\n")
+    (ws / ".tool-versions").write_text("python 3.11\n")  # the operator's own [fence] protect
+    _hand_over(ws, edges.settings)
+    attack = (
+        "echo evil >> .bashrc; echo evil >> deep/.vscode/tasks.json; echo evil >> .tool-versions; "
+        "echo 'eval evil' > .envrc; echo done"
+    )
+    turn, evs = run(c, ["sh", "-c", attack], cwd=str(ws))
+    assert output(evs) == "done\n"
+    assert (ws / ".bashrc").read_text() == "# mine\n"
+    assert (ws / "deep/.vscode/tasks.json").read_text() == "{}\n"
+    assert (ws / ".tool-versions").read_text() == "python 3.11\n"
+    assert not (ws / ".envrc").exists()
+    assert (ws / f".envrc{QUARANTINE_SUFFIX}{turn.turn_id}").exists()
+
+
+def test_protected_symlink_repointed_during_a_turn_is_moved_aside(
+    c: httpx.Client, edges: Target, ws: Path
+) -> None:
+    (ws / "dotfiles").mkdir()
+    (ws / "dotfiles" / "bashrc").write_text("# mine\n")
+    (ws / ".bashrc").symlink_to("dotfiles/bashrc")
+    _hand_over(ws, edges.settings)
+    turn, _ = run(c, ["sh", "-c", "ln -sfn /tmp/evil .bashrc"], cwd=str(ws))
+    assert turn.exit_code == 0
+    assert not (ws / ".bashrc").exists() and not (ws / ".bashrc").is_symlink()
+    assert os.readlink(ws / f".bashrc{QUARANTINE_SUFFIX}{turn.turn_id}") == "/tmp/evil"
+    # Made again the same as planned is no change: nothing is moved.
+    (ws / ".bashrc").symlink_to("dotfiles/bashrc")
+    again, _ = run(c, ["sh", "-c", "ln -sfn dotfiles/bashrc .bashrc"], cwd=str(ws))
+    assert again.exit_code == 0
+    assert os.readlink(ws / ".bashrc") == "dotfiles/bashrc"
+
+
+def test_writable_mount_with_more_directories_than_the_scan_limit_is_refused(
+    tmp_path: Path, ca: trustme.CA
+) -> None:
+    settings = make_settings(Path(canonical_path(tmp_path)), ca)
+    settings = settings.model_copy(update={"fence": FenceConfig(scan_limit=5)})
+    for i in range(6):
+        (tmp_path / "ws" / f"d{i}").mkdir()
+    with ServerThread(settings) as server:
+        target = Target(server.url, str(tmp_path / "ca.pem"), settings, tmp_path / "ws")
+        ca.cert_pem.write_to_path(target.cacert)
+        with target.client() as c:
+            turn = submit(c, argv=["true"])
+    rule, detail = _refusal(turn)
+    assert rule == "bad-mount" and "scan_limit" in detail
+
+
+# --- 4. mount destinations must already be normal ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "dest", ["/../oldroot/etc/nologin", "/x/../../y", "/x//y", "/x/./y", "/x/"]
+)
+def test_secret_destination_that_is_not_normal_is_refused(
+    c: httpx.Client, ws: Path, dest: str
+) -> None:
+    secret = ws / "s.txt"
+    secret.write_text("s")
+    turn = submit(c, argv=["true"], secrets=[f"{secret}:{dest}"])
+    rule, detail = _refusal(turn)
+    assert rule == "bad-mount" and "not a normal absolute path" in detail
+    assert not Path("/etc/nologin").exists()
+
+
+def test_secret_destination_on_a_forbidden_path_is_refused(c: httpx.Client, ws: Path) -> None:
+    secret = ws / "s2.txt"
+    secret.write_text("s")
+    assert _refusal(submit(c, argv=["true"], secrets=[f"{secret}:/etc/shadow"]))[0] == (
+        "forbidden-path"
+    )
+
+
+# --- 5. the server never follows what a turn planted in its home ------------------------------
+
+
+def test_home_replaced_by_a_symlink_is_moved_aside_and_the_role_keeps_working(
+    c: httpx.Client, edges: Target, tmp_path: Path
+) -> None:
+    home = role_home(edges.settings, "builder")
+    run(c, ["true"])  # the home exists
+    victim = tmp_path / "host-dir"
+    victim.mkdir()
+    aside = home.with_name("home.planted")
+    home.rename(aside)
+    home.symlink_to(victim)
+    turn, evs = run(c, ["sh", "-c", "echo ok > $HOME/note; echo $HOME"])
+    assert turn.exit_code == 0, turn.refusal
+    assert any("was not a directory" in e.message for e in evs if e.kind == "notice")
+    assert list(victim.iterdir()) == []  # nothing was made through the link
+    assert home.is_dir() and not home.is_symlink()
+    st = home.stat()
+    assert (st.st_uid, st.st_mode & 0o777) == (_uid(edges.settings), 0o700)
+
+
+def test_home_owned_by_someone_else_is_moved_aside(c: httpx.Client, edges: Target) -> None:
+    home = role_home(edges.settings, "builder")
+    run(c, ["true"])
+    os.chown(home, 0, 0)
+    turn, evs = run(c, ["touch", f"{home}/mine"])
+    assert turn.exit_code == 0
+    assert any("belonged to uid 0" in e.message for e in evs if e.kind == "notice")
+    assert home.stat().st_uid == _uid(edges.settings)
+
+
+# --- 6. /proc, /sys and /dev are never mounted --------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/proc", "/proc/1", "/sys", "/dev", "/dev/shm", "/"])
+def test_fs_read_of_proc_sys_dev_or_a_parent_is_refused(c: httpx.Client, path: str) -> None:
+    assert _refusal(submit(c, argv=["true"], fs={"read": [path]}))[0] == "forbidden-path"
+
+
+def test_secret_placed_into_proc_is_refused(c: httpx.Client, ws: Path) -> None:
+    secret = ws / "s3.txt"
+    secret.write_text("s")
+    turn = submit(c, argv=["true"], secrets=[f"{secret}:/proc/self/fake"])
+    assert _refusal(turn)[0] == "forbidden-path"
+
+
+# --- 7. other roles' workspaces -------------------------------------------------------------
+
+
+def test_another_roles_workspace_is_forbidden(c: httpx.Client, edges: Target) -> None:
+    other_ws = edges.settings.roles["other"].workspaces[0]
+    rule, detail = _refusal(submit(c, argv=["true"], fs={"read": [other_ws]}))
+    assert rule == "forbidden-path" and "a workspace of role 'other'" in detail
+
+
+def test_a_workspace_both_roles_list_is_shared(tmp_path: Path, ca: trustme.CA) -> None:
+    settings = make_settings(Path(canonical_path(tmp_path)), ca)  # both list the same one
+    shared = settings.roles["builder"].workspaces[0]
+    assert settings.roles["other"].workspaces == (shared,)
+
+
+def test_overlapping_workspaces_of_two_roles_are_a_config_error() -> None:
+    digest = "0" * 64
+    text = (
+        f'[roles.a]\ntoken_sha256 = "{digest}"\nworkspaces = ["/srv/w"]\n'
+        f'[roles.b]\ntoken_sha256 = "{digest}"\nworkspaces = ["/srv/w/b"]\n'
+    )
+    with pytest.raises(ConfigError, match="overlap"):
+        parse_settings(text)
+
+
+# --- 8. vsock ------------------------------------------------------------------------------
+
+VSOCK = (
+    "import socket\n"
+    "try:\n    socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM); print('open')\n"
+    "except OSError as e:\n    print(e.errno)\n"
+)
+
+
+def test_vsock_is_filtered_without_network(c: httpx.Client) -> None:
+    _, evs = run(c, ["python3", "-c", VSOCK])
+    assert output(evs) == "97\n"  # EAFNOSUPPORT
+
+
+def test_vsock_stays_for_a_role_with_network(edges: Target) -> None:
+    with edges.client(OTHER_TOKEN) as c:
+        turn, evs = run(c, ["python3", "-c", VSOCK], role="other", network="host")
+    assert turn.exit_code == 0
+    assert output(evs) != "97\n"
+
+
+# --- 9. the fence's PATH ---------------------------------------------------------------------
+
+
+def test_fence_path_directory_of_the_operator_is_bound_and_runs(c: httpx.Client) -> None:
+    turn, evs = run(c, ["paddock-tool"])
+    assert (turn.exit_code, output(evs)) == (0, "tool ran\n")
+
+
+def test_fence_path_directory_others_can_write_is_refused(tmp_path: Path, ca: trustme.CA) -> None:
+    settings = make_settings(Path(canonical_path(tmp_path)), ca)
+    loose = tmp_path / "loose-bin"
+    loose.mkdir()
+    loose.chmod(0o777)
+    fence = FenceConfig(path=f"{loose}:/usr/bin:/bin")
+    settings = settings.model_copy(update={"fence": fence})
+    with ServerThread(settings) as server:
+        ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+        target = Target(server.url, str(tmp_path / "ca.pem"), settings, tmp_path / "ws")
+        with target.client() as c:
+            turn = submit(c, argv=["true"])
+    rule, detail = _refusal(turn)
+    assert rule == "untrusted-executable" and str(loose) in detail
+
+
+# --- 10. removed choices ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [('backend = "none"', "bubblewrap"), ('on_unavailable = "warn"', "refuses turns")],
+)
+def test_fence_without_isolation_cannot_be_configured(line: str, says: str) -> None:
+    text = f'[fence]\n{line}\n[roles.a]\ntoken_sha256 = "{"0" * 64}"\nworkspaces = ["/w"]\n'
+    with pytest.raises(ConfigError, match=says):
+        parse_settings(text)
+
+
+# --- 11. the environment a turn gets ----------------------------------------------------------
+
+
+def test_env_declared_lang_alone_sets_the_locale(c: httpx.Client) -> None:
+    _, evs = run(c, ["env"], env={"LANG": "en_US.UTF-8"})
+    values = dict(line.split("=", 1) for line in output(evs).splitlines())
+    assert values["LANG"] == "en_US.UTF-8"
+    assert "LC_ALL" not in values
+
+
+def test_env_home_is_the_roles_own_not_the_servers(c: httpx.Client, edges: Target) -> None:
+    _, evs = run(c, ["sh", "-c", "echo $HOME"])
+    assert output(evs) == f"{role_home(edges.settings, 'builder')}\n"
+    assert output(evs) != f"{os.environ.get('HOME')}\n"
+
+
+def test_env_turn_id_is_minted_even_when_the_server_has_one(
+    c: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PADDOCK_TURN_ID", "t-" + "f" * 32)
+    turn, evs = run(c, ["sh", "-c", "echo $PADDOCK_TURN_ID"])
+    assert output(evs) == f"{turn.turn_id}\n"
+
+
+def test_shared_ro_entries_layer_over_the_home(tmp_path: Path, ca: trustme.CA) -> None:
+    notes = tmp_path / "team-notes"
+    notes.mkdir()
+    (notes / "readme").write_text("shared\n")
+    settings = make_settings(Path(canonical_path(tmp_path)), ca, shared_ro=(str(notes),))
+    with ServerThread(settings) as server:
+        ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+        target = Target(server.url, str(tmp_path / "ca.pem"), settings, tmp_path / "ws")
+        with target.client() as c:
+            turn, evs = run(c, ["sh", "-c", "cat $HOME/team-notes/readme"])
+    assert (turn.exit_code, output(evs)) == (0, "shared\n")
