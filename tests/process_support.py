@@ -47,7 +47,7 @@ def write_config(
     os.chmod(root / "ws", 0o777)
     port = free_port()
     keys = {"listen": f"127.0.0.1:{port}", "state_root": str(state or root / "state")}
-    keys |= {"heartbeat_s": 1.0, "stop_grace_s": 3.0} | (server or {})
+    keys |= {"heartbeat_s": 1.0} | (server or {})
     limits = {"wall_s": 120} | (builder_limits or {})
     text = "[server]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in keys.items())
     for role, token in (("builder", BUILDER_TOKEN), ("other", OTHER_TOKEN)):
