@@ -4,7 +4,6 @@ every stream gets its final event, and only then is the state root free for the 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 from conftest import output, wait_until
@@ -56,16 +55,16 @@ def test_sigterm_lets_turns_end_then_records_every_one_and_frees_the_root(
     notice, end = slow_seen[-2:]
     assert notice.kind == "notice" and f"stop_grace_s = {GRACE_S:g} s" in notice.message  # type: ignore[union-attr]
     assert (end.kind, end.exit_code) == ("exit", 125)  # type: ignore[union-attr]
-    # Recorded, not lost: the next server finds both turns ended as their streams said.
-    started = time.monotonic()
-    after = TargetProcess.start(config, url, root / "after.log")
-    try:
-        assert time.monotonic() - started < 30
-        with after.client() as c:
-            states = [c.get(f"/v1/turns/{t['turn_id']}").json() for t in (quick, slow)]
-    finally:
-        after.terminate()
-    assert [(t["state"], t["exit_code"]) for t in states] == [("exited", 0), ("exited", 125)]
+    # Recorded, not lost: the next servers find both turns ended as their streams said,
+    # and record nothing more about them.
+    for _ in range(2):
+        after = TargetProcess.start(config, url, root / "after.log")
+        try:
+            with after.client() as c:
+                states = [c.get(f"/v1/turns/{t['turn_id']}").json() for t in (quick, slow)]
+        finally:
+            after.terminate()
+        assert [(t["state"], t["exit_code"]) for t in states] == [("exited", 0), ("exited", 125)]
     ledger.verify(root / "state")
     lines = (root / "state" / ledger.LEDGER).read_text().splitlines()
     ends = [json.loads(line) for line in lines if '"kind":"end"' in line]

@@ -109,8 +109,8 @@ class TurnRecord:
     """Counted against the caps on running turns until it ends."""
     dirty: bool = False
     """Its record on disk is older than this one (the disk refused the write)."""
-    stopped: bool = False
-    """Killed by the target stopping, not by anything of its own."""
+    stopped: str | None = None
+    """Why the target, stopping, killed it (not anything of its own); said in a notice."""
 
     @property
     def turn(self) -> Turn:
@@ -226,13 +226,15 @@ class TurnManager:
         if spool.cut is not None:
             cut = spool.cut.facts() | {"file": f"turns/{turn_id}/{spool.cut.file}"}
             await self._ledger_append("recovery", turn_id=turn_id, cut=cut)
-        if stored.turn.state == "running":
+        interrupted = stored.turn.state == "running"
+        if interrupted:
             await self._end_interrupted(record)
         elif not spool.finished:
             _append_terminal(record)  # stopped between the record and the event
         if record.dirty:
             await self._persist(record)
-        if known is None or known[0] != "end" or record.turn.state == "lost":
+        # An end the ledger lacks (held when the disk was full, or cut by a repair) is recorded.
+        if interrupted or known is None or known[0] != "end":
             await self._ledger_append("end", turn=_turn_json(record.turn))
 
     async def _end_interrupted(self, record: TurnRecord) -> None:
@@ -402,11 +404,8 @@ class TurnManager:
         notices = []
         if outcome.failure is not None:
             notices.append(f"{outcome.failure}; the turn was killed (its output so far is kept)")
-        if record.stopped and outcome.exit_code == for_signal(signal.SIGKILL):
-            notices.append(
-                "the target was stopped and ended this turn after waiting "
-                f"[server] stop_grace_s = {self.settings.server.stop_grace_s:g} s for it"
-            )
+        if record.stopped is not None and outcome.exit_code == for_signal(signal.SIGKILL):
+            notices.append(record.stopped)
             outcome = replace(outcome, exit_code=ExitStatus.PADDOCK_FAILED, signal=None)
         state = "refused" if outcome.refusal is not None else "exited"
         record.update(
@@ -632,14 +631,18 @@ class TurnManager:
         loop = asyncio.get_running_loop()
         if self._running:
             log.info("stopping: %d turn(s) running, waiting up to %g s", self._running, grace_s)
-        deadline = loop.time() + grace_s
-        while self._running and loop.time() < deadline and not hurry():
+        began = loop.time()
+        while self._running and loop.time() < began + grace_s and not hurry():
             await asyncio.sleep(STOP_POLL_S)
+        why = (
+            f"the target was stopped and ended this turn after waiting {loop.time() - began:.0f} s "
+            f"for it ([server] stop_grace_s = {grace_s:g} s)"
+        )
         deadline = loop.time() + KILL_WAIT_S
         while self._running and loop.time() < deadline:
             for record in self._turns.values():
-                if record.running is not None and not record.stopped:
-                    record.stopped = True
+                if record.running is not None and record.stopped is None:
+                    record.stopped = why
                     record.running.kill()
             await asyncio.sleep(STOP_POLL_S)
 
@@ -651,7 +654,7 @@ class TurnManager:
         tasks = []
         for record in self._turns.values():
             if record.running is not None:
-                record.stopped = True
+                record.stopped = record.stopped or "the target stopped and ended this turn"
                 record.running.kill_now()
             if record.task is not None:
                 tasks.append(record.task)
