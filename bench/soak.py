@@ -301,7 +301,7 @@ def _follow(soak: Soak, client: TargetClient, turn_id: str, role: str) -> None:
         for event in client.follow(turn_id):
             if isinstance(event, OutputEvent):
                 followed.take(output_bytes(event))
-            elif isinstance(event, NoticeEvent) and "could not be kept" in event.message:
+            elif isinstance(event, NoticeEvent) and "state disk refused" in event.message:
                 followed.disk_notice = True
     except AgentError as exc:
         followed.error = f"{type(exc).__name__}: {exc}"

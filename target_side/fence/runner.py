@@ -183,7 +183,10 @@ class RunningTurn:
         try:
             self._spool(kind, **fields)
         except StorageError as exc:
-            self._spool_failure = f"the turn's output could not be kept: {exc}"
+            self._spool_failure = (
+                f"the state disk refused the turn's output ({exc}); the target killed the "
+                "turn, and its output up to here is kept"
+            )
             self.kill()
 
     async def _release_limits(self) -> Usage:
@@ -203,9 +206,14 @@ class RunningTurn:
     def _outcome(self, returncode: int) -> Outcome:
         wall = round(time.monotonic() - self._started_at, 6)
         if self._spool_failure is not None:
-            failed = Outcome(ExitStatus.PADDOCK_FAILED, None, None, wall, self._truncated)
-            failed.failure = self._spool_failure
-            return failed
+            return Outcome(
+                ExitStatus.PADDOCK_FAILED,
+                None,
+                None,
+                wall,
+                self._truncated,
+                failure=self._spool_failure,
+            )
         if self._limit_failure is not None:
             refusal = refusals.backend_unavailable(self._limit_failure).refusal
             return Outcome(ExitStatus.REFUSED, None, refusal, wall, self._truncated)

@@ -81,8 +81,8 @@ log = logging.getLogger("paddock.target")
 
 FAILING_AFTER = 3
 """Consecutive turns the target itself failed before health says ``turns-failing``."""
-LOW_WATER_BYTES = 256 << 20
-LOW_WATER_SHARE = 0.05
+MIN_FREE_BYTES = 256 << 20
+MIN_FREE_SHARE = 0.05
 """Below the smaller of these (bytes, share of the filesystem) free, health says ``disk``."""
 PROBE_BYTES = 64 << 10
 """What the disk probe writes (and removes) to see the state disk takes writes again."""
@@ -95,6 +95,7 @@ STOP_RETRY_AFTER_S = 5
 STOP_POLL_S = 0.05
 KILL_WAIT_S = 10.0
 """After the grace time: how long killed turns get to be reaped and recorded."""
+LAUNCH_FAILED = "the target failed to launch this turn; the target's log says why"
 
 
 @dataclass
@@ -299,6 +300,11 @@ class TurnManager:
             await self._finish(
                 record, Outcome(refused.refusal.exit_code, refusal=refused.refusal), request
             )
+        except Exception:
+            # Never a turn without an end (its followers would wait forever): recorded as failed.
+            log.exception("turn %s: the target failed to launch it", record.turn.turn_id)
+            failed = Outcome(ExitStatus.PADDOCK_FAILED, failure=LAUNCH_FAILED)
+            await self._finish(record, failed, request)
         return record.turn
 
     def _admit(self, role: str) -> None:
@@ -401,9 +407,7 @@ class TurnManager:
     async def _finish(
         self, record: TurnRecord, outcome: Outcome, request: TurnRequest | None = None
     ) -> None:
-        notices = []
-        if outcome.failure is not None:
-            notices.append(f"{outcome.failure}; the turn was killed (its output so far is kept)")
+        notices = [] if outcome.failure is None else [outcome.failure]
         if record.stopped is not None and outcome.exit_code == for_signal(signal.SIGKILL):
             notices.append(record.stopped)
             outcome = replace(outcome, exit_code=ExitStatus.PADDOCK_FAILED, signal=None)
@@ -528,7 +532,7 @@ class TurnManager:
         root = self.settings.state_root
         try:
             usage = shutil.disk_usage(root)
-            if usage.free < _low_water(usage.total):
+            if usage.free < low_water(usage.total):
                 return False
             probe = root / ".disk-probe"
             fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
@@ -551,7 +555,7 @@ class TurnManager:
         except OSError as exc:
             self.board.degrade("disk", f"cannot read free space of the state root: {exc}")
             return
-        if usage.free < _low_water(usage.total):
+        if usage.free < low_water(usage.total):
             self.board.degrade(
                 "disk", f"only {usage.free >> 20} MiB free under {self.settings.state_root}"
             )
@@ -705,8 +709,9 @@ def _append_terminal(record: TurnRecord) -> None:
         record.spool.append_kept("exit", exit_code=turn.exit_code, signal=turn.signal)
 
 
-def _low_water(total: int) -> int:
-    return min(LOW_WATER_BYTES, int(total * LOW_WATER_SHARE))
+def low_water(total: int) -> int:
+    """Free bytes below which health says ``disk``, on a filesystem of ``total`` bytes."""
+    return min(MIN_FREE_BYTES, int(total * MIN_FREE_SHARE))
 
 
 def default_memory_mb() -> int:
