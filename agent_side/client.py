@@ -1,14 +1,17 @@
 """A synchronous client for the target's v1 API (DESIGN.md, "Wire contract").
 
 Every httpx failure leaves this module as an ``AgentError`` (see ``errors``).
-Only two things are retried, both because the contract makes them safe: a
+Only three things are retried, each because the contract makes it safe: a
 ``submit`` that carries an ``Idempotency-Key`` (the target returns the same
-turn), and ``follow``, which resumes the event stream from the last event it
-delivered (the target neither loses nor repeats events after a cursor).
+turn), any ``submit`` answered 429 (the target started nothing; it is asked
+again after its ``Retry-After``, for up to ``RetryPolicy.busy_s``), and
+``follow``, which resumes the event stream from the last event it delivered
+(the target neither loses nor repeats events after a cursor).
 """
 
 from __future__ import annotations
 
+import math
 import ssl
 import time
 from collections.abc import Callable, Iterator
@@ -28,6 +31,8 @@ from agent_side.errors import (
     ConnectionDropped,
     ProtocolError,
     RequestRejected,
+    ServiceUnavailable,
+    TargetBusy,
     TargetUnreachable,
     TlsFailure,
     TurnLost,
@@ -64,6 +69,8 @@ class _TurnList(RootModel[list[Turn]]):
 
 
 _MAX_SHOWN_BODY = 200
+_MAX_RETRY_AFTER_S = 60.0
+"""A longer Retry-After is waited as this: a target's estimate, not a promise."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,8 @@ class RetryPolicy:
     """Small: a dropped connection is usually back at once, and resume latency is this wait."""
     max_delay_s: float = 5.0
     budget_s: float = 30.0
+    busy_s: float = 300.0
+    """How long ``submit`` keeps asking a target that answers 429 (all its turns are taken)."""
 
     def delays(self, clock: Callable[[], float] = time.monotonic) -> Iterator[float]:
         """The pause before each retry, until the delays or the clock pass ``budget_s``."""
@@ -175,9 +184,10 @@ class TargetClient:
             # 200 is how a target may answer a retried POST it had already served.
             return self._model(Turn, response, 201, 200)
 
-        if idempotency_key is None:
-            return attempt()
-        return self._retrying(attempt, retry_on=(ConnectionDropped,))
+        dropped: tuple[type[AgentError], ...] = (
+            () if idempotency_key is None else (ConnectionDropped,)
+        )
+        return self._retrying(attempt, retry_on=dropped, while_busy=True)
 
     def turn(self, turn_id: str) -> Turn:
         """The turn as the target knows it now."""
@@ -304,12 +314,26 @@ class TargetClient:
         self._sleep(delay)
 
     def _retrying(
-        self, attempt: Callable[[], _Model], retry_on: tuple[type[AgentError], ...]
+        self,
+        attempt: Callable[[], _Model],
+        retry_on: tuple[type[AgentError], ...],
+        while_busy: bool = False,
     ) -> _Model:
         delays = self._retry.delays()
+        busy_left = self._retry.busy_s
         while True:
             try:
                 return attempt()
+            except TargetBusy as exc:
+                # 429: the target started nothing, so asking again is safe, keyed or not.
+                if not while_busy or exc.retry_after_s > busy_left:
+                    raise TargetBusy(
+                        f"{exc} (waited {self._retry.busy_s - busy_left:g} s of "
+                        f"{self._retry.busy_s:g} s for room)",
+                        exc.retry_after_s,
+                    ) from exc
+                busy_left -= exc.retry_after_s
+                self._sleep(exc.retry_after_s)
             except retry_on as exc:
                 self._pause(delays, exc, "retrying the request")
 
@@ -477,11 +501,26 @@ def _status_error(response: httpx.Response, *, turn_id: str | None) -> AgentErro
             f"the target does not know turn {turn_id} (404: {said}); "
             "'paddock turns' lists the turns it keeps"
         )
+    if status == 429:
+        return TargetBusy(f"the target is busy (429: {said})", _retry_after(response))
+    if status == 503:
+        return ServiceUnavailable(f"the target takes no new turn now (503: {said})")
     if 400 <= status < 500:
         return RequestRejected(f"the target rejected the request ({status}: {said})")
     return ProtocolError(
         f"{response.request.method} {response.request.url.path} failed with {status}: {said}"
     )
+
+
+def _retry_after(response: httpx.Response) -> float:
+    """Seconds a ``Retry-After`` header asks for (delta-seconds only), within sane bounds."""
+    try:
+        seconds = float(response.headers.get("retry-after", "1"))
+    except ValueError:
+        seconds = 1.0
+    if not math.isfinite(seconds):
+        seconds = 1.0
+    return min(max(seconds, 0.1), _MAX_RETRY_AFTER_S)
 
 
 def _problem(response: httpx.Response) -> Problem | None:

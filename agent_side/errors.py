@@ -13,6 +13,8 @@
      ├── ConnectionDropped    an open connection broke mid-exchange; a stream can resume
      ├── AuthRejected         the target refused the token (401) or its role (403)
      ├── RequestRejected      the target refused the request itself (4xx problem)
+     ├── TargetBusy           the target runs as many turns as it may (429); ``submit`` waits
+     ├── ServiceUnavailable   the target takes no new turn now: disk full, stopping (503)
      ├── ProtocolError        the target answered with something the contract does not allow
      ├── UnknownTurn          the target knows no turn by that id (mistyped, or long removed)
      └── TurnLost             the target marked the turn lost (it crashed or restarted)
@@ -109,6 +111,25 @@ class RequestRejected(AgentError):
     """The target rejected the request itself; the message carries its detail and fields."""
 
     label = "request rejected"
+
+
+class TargetBusy(AgentError):
+    """The target runs as many turns as a cap allows (429); nothing was started.
+
+    ``retry_after_s`` is how long the target asked to wait before trying again.
+    """
+
+    label = "target busy"
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class ServiceUnavailable(AgentError):
+    """The target takes no new turn for now (its disk is full, or it is stopping) (503)."""
+
+    label = "target unavailable"
 
 
 class ProtocolError(AgentError):

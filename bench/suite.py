@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from bench import latency, memory, resume, throughput
+from bench import latency, memory, resume, soak, throughput
 from bench.common import MIB, machine_facts
 
 
@@ -24,6 +24,7 @@ class Sizes:
     sequential: int
     resumes: int
     label: str = ""
+    soak_minutes: float = 2.0
 
 
 DEFAULT = Sizes(
@@ -48,7 +49,10 @@ SECTIONS: dict[str, Callable[[Sizes], str]] = {
     ),
     "memory": lambda sizes: memory.run(sizes.sleep_s, sizes.sequential),
     "resume": lambda sizes: resume.run(sizes.resumes),
+    "soak": lambda sizes: soak.run(sizes.soak_minutes),
 }
+ON_REQUEST = frozenset({"soak"})
+"""Sections run only when named with ``--only``: they take minutes (and root, to be whole)."""
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -72,15 +76,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="append",
         choices=sorted(SECTIONS),
         metavar="NAME",
-        help=f"run only this section (repeatable): {', '.join(SECTIONS)}",
+        help=f"run only this section (repeatable): {', '.join(SECTIONS)} "
+        f"({', '.join(sorted(ON_REQUEST))} only when named)",
+    )
+    parser.add_argument(
+        "--minutes",
+        type=float,
+        default=DEFAULT.soak_minutes,
+        help=f"how long the soak runs (default {DEFAULT.soak_minutes:g})",
     )
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    sizes = _sizes(args.quick, args.full)
-    chosen = [name for name in SECTIONS if not args.only or name in args.only]
+    sizes = replace(_sizes(args.quick, args.full), soak_minutes=args.minutes)
+    named = args.only or []
+    chosen = [n for n in SECTIONS if n in named or (not named and n not in ON_REQUEST)]
     _print_facts(sizes)
     began = time.monotonic()
     failed = 0

@@ -33,6 +33,9 @@ ROLE = "bench"
 WALL_S = 600
 OUTPUT_MB = 4096
 """Role maxima: far above what any section asks, so no limit shapes a measurement."""
+MAX_TURNS = 512
+MAX_CONNECTIONS = 2048
+"""Target maxima, likewise: the memory section runs 200 turns at once, each followed."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,8 @@ def _settings(root: _Root) -> Settings:
             tls_cert=str(root.cert),
             tls_key=str(root.key),
             state_root=str(root.state),
+            max_turns=MAX_TURNS,
+            max_connections=MAX_CONNECTIONS,
         ),
         roles={ROLE: role},
     )
@@ -152,6 +157,8 @@ def _config_toml(root: _Root, port: int, tls: bool) -> str:
 [server]
 listen = "127.0.0.1:{port}"
 {tls_lines}state_root = "{root.state}"
+max_turns = {MAX_TURNS}
+max_connections = {MAX_CONNECTIONS}
 
 [fence]
 backend = "bubblewrap"

@@ -320,6 +320,90 @@ MUTATIONS = (
         ("tests/test_ssh.py -k ca_read_from_the_host",),
     ),
     Mutation(
+        "state-root-not-locked",
+        "target_side/service/state_lock.py",
+        "            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)",
+        "            pass",
+        ("tests/test_state_lock.py",),
+    ),
+    Mutation(
+        "torn-ledger-tail-left",
+        "target_side/service/ledger.py",
+        "        cut = cut_torn_tail(state_root)",
+        "        cut = None",
+        ("tests/test_ledger_recovery.py -k torn_last",),
+    ),
+    Mutation(
+        "failed-ledger-append-not-cut-back",
+        "target_side/service/ledger.py",
+        "                    _cut_back(fd, before)",
+        "                    pass",
+        ("tests/test_ledger_recovery.py -k short_write",),
+    ),
+    Mutation(
+        "failed-spool-append-not-cut-back",
+        "target_side/service/spool.py",
+        "                os.ftruncate(self._fd, self._size)",
+        "                pass",
+        ("tests/test_ledger_recovery.py -k short_write",),
+    ),
+    Mutation(
+        "turns-admitted-on-a-full-disk",
+        "target_side/service/turns.py",
+        "        if self._disk_failure is not None:\n            raise self._disk_unavailable()",
+        "        if False:\n            raise self._disk_unavailable()",
+        ("tests/test_disk_full.py -k refuses_new_ones",),
+    ),
+    Mutation(
+        "target-turn-cap-unchecked",
+        "target_side/service/turns.py",
+        "        if self._running >= cap:",
+        "        if False:",
+        ("tests/test_caps.py -k target_cap",),
+    ),
+    Mutation(
+        "role-turn-cap-unchecked",
+        "target_side/service/turns.py",
+        "        if role_cap is not None and self._running_by_role[role] >= role_cap:",
+        "        if False:",
+        ("tests/test_caps.py -k role_cap",),
+    ),
+    Mutation(
+        "turns-outside-the-bounded-parent",
+        "target_side/fence/limits.py",
+        "    return replace(hierarchy, turns=parent)",
+        "    return hierarchy",
+        ("tests/test_caps.py -k bounded_by",),
+    ),
+    Mutation(
+        "connections-unbounded",
+        "target_side/service/connections.py",
+        "        self.limit = _within_descriptors(max_connections)",
+        "        self.limit = 1 << 30",
+        ("tests/test_connections.py -k flood",),
+    ),
+    Mutation(
+        "no-request-deadline",
+        "target_side/service/connections.py",
+        "        entry.timer = loop.call_later(self.request_timeout_s, self._expire, fd, entry)",
+        "        entry.timer = None",
+        ("tests/test_connections.py -k not_finished_in_time or never_says_hello",),
+    ),
+    Mutation(
+        "repeated-log-lines-not-collapsed",
+        "target_side/service/log_repeats.py",
+        "        if seen is not None and now - seen.since < self.interval_s:",
+        "        if False:",
+        ("tests/test_connections.py -k flood",),
+    ),
+    Mutation(
+        "sigterm-without-grace",
+        "target_side/service/server.py",
+        "        await manager.stop(self._settings.server.stop_grace_s, hurry=lambda: self.force_exit)",
+        "        pass",
+        ("tests/test_graceful_stop.py",),
+    ),
+    Mutation(
         "turn-cgroups-left-behind",
         "target_side/fence/limits.py",
         "            if self._try_remove():",
@@ -401,7 +485,9 @@ MUTATIONS += (
         "target_side/service/turns.py",
         "audit.enforce, plan.audit, plan.turn_id",
         "audit.enforce, {}, plan.turn_id",
-        (f"{HOST_EDGES} -k redirection_created or hooks_missing or new_ones_at_the_top or symlink_repointed",),
+        (
+            f"{HOST_EDGES} -k redirection_created or hooks_missing or new_ones_at_the_top or symlink_repointed",
+        ),
     ),
     Mutation(
         "protect-scan-stays-at-the-top",
@@ -415,7 +501,9 @@ MUTATIONS += (
         "target_side/policy/protect.py",
         "        if visited > limit:",
         "        if False:",
-        (f"{HOST_EDGES}::test_writable_mount_with_more_directories_than_the_scan_limit_is_refused",),
+        (
+            f"{HOST_EDGES}::test_writable_mount_with_more_directories_than_the_scan_limit_is_refused",
+        ),
     ),
     Mutation(
         "destination-not-normal-accepted",
@@ -434,9 +522,11 @@ MUTATIONS += (
     Mutation(
         "home-repaired-through-a-symlink",
         "target_side/fence/home.py",
-        'DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC',
-        'DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC',
-        (f"{HOST_EDGES}::test_home_replaced_by_a_symlink_is_moved_aside_and_the_role_keeps_working",),
+        "DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC",
+        "DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC",
+        (
+            f"{HOST_EDGES}::test_home_replaced_by_a_symlink_is_moved_aside_and_the_role_keeps_working",
+        ),
         also=(
             (
                 '            repaired = _move_aside(parent, where, f"belonged to uid {st.st_uid}, not {uid}")\n            fd = _make(parent, uid, gid)',
@@ -517,8 +607,8 @@ MUTATIONS += (
     Mutation(
         "executable-of-any-owner-trusted",
         "target_side/trust.py",
-        "    if st.st_uid not in trusted_owners(also):\n        return f\"is owned by uid {st.st_uid}\"\n    if st.st_mode & 0o022:",
-        "    if False:\n        return f\"is owned by uid {st.st_uid}\"\n    if st.st_mode & 0o022:",
+        '    if st.st_uid not in trusted_owners(also):\n        return f"is owned by uid {st.st_uid}"\n    if st.st_mode & 0o022:',
+        '    if False:\n        return f"is owned by uid {st.st_uid}"\n    if st.st_mode & 0o022:',
         ("tests/test_held_paths.py::test_executable_owned_by_someone_else_is_refused",),
     ),
 )

@@ -55,6 +55,18 @@ class ServerConfig(_Section):
     id_pool: str = DEFAULT_ID_POOL
     """``START:COUNT``: host uids (and gids) for roles that name no ``uid`` of their own."""
     retention_h: float = Field(default=24.0, gt=0)
+    max_turns: int = Field(default=32, gt=0)
+    """Turns running at once on this target; one more is answered 429 with Retry-After."""
+    memory_mb: int | None = Field(default=None, gt=0)
+    """Memory of all running turns together (their parent cgroup); default: 3/4 of the machine's."""
+    pids: int = Field(default=4096, gt=0)
+    """Processes and threads of all running turns together (their parent cgroup)."""
+    stop_grace_s: float = Field(default=20.0, ge=0)
+    """On SIGTERM, how long running turns may go on before they are killed and recorded."""
+    max_connections: int = Field(default=512, gt=0)
+    """Open client connections; past it, the oldest one still sending its request is closed."""
+    request_timeout_s: float = Field(default=10.0, gt=0)
+    """How long a client may take to send a whole request (TLS handshake, head, body)."""
 
     @field_validator("tls_cert", "tls_key", "state_root")
     @classmethod
@@ -154,6 +166,8 @@ class RoleLimits(_Section):
     cpu: float = Field(default=2.0, gt=0)
     output_mb: int = Field(default=256, gt=0)
     scratch_mb: int = Field(default=1024, gt=0)
+    turns: int | None = Field(default=None, gt=0)
+    """This role's turns running at once (default: only ``[server] max_turns`` bounds them)."""
 
 
 class RoleConfig(_Section):

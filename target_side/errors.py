@@ -11,6 +11,10 @@
      ├── HomeError            a role's home could not be made or repaired
      ├── LauncherError        the privileged launcher refused or could not be reached
      ├── LedgerError          the ledger's chain or head does not check out
+     ├── StorageError         the state disk refused a write (full or failing); nothing torn is left
+     ├── StateRootBusy        another server holds the state root's lock
+     ├── TurnCapReached       a cap on running turns is reached (HTTP 429, Retry-After)
+     ├── TargetUnavailable    the target takes no new turn for now: disk full, stopping (HTTP 503)
      ├── AuthError            the request carries no usable token (HTTP 401)
      ├── RoleNotHeld          the token is valid but lacks the role asked for (HTTP 403)
      ├── UnknownTurn          no turn with that id is visible to the caller (HTTP 404)
@@ -71,6 +75,39 @@ class LauncherError(TargetError):
 
 class LedgerError(TargetError):
     """The ledger is damaged: a record does not chain to the one before, or the head disagrees."""
+
+
+class StorageError(TargetError):
+    """The state disk refused a write (full, over quota, or failing).
+
+    Whoever raises it has cut back what it had half written, so what is on disk
+    is whole; the message names the file and the system's reason.
+    """
+
+
+class StateRootBusy(TargetError):
+    """Another server holds the state root's lock; the message says which (pid, start time)."""
+
+
+class TurnCapReached(TargetError):
+    """A cap on running turns is reached; the caller may retry after ``retry_after_s``."""
+
+    def __init__(self, message: str, cap: str, limit: int, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.cap = cap
+        """The configuration key of the cap reached, e.g. ``server.max_turns``."""
+        self.limit = limit
+        self.retry_after_s = retry_after_s
+
+
+class TargetUnavailable(TargetError):
+    """The target takes no new turn for now (its disk is full, or it is stopping)."""
+
+    def __init__(self, message: str, reason: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.reason = reason
+        """``disk`` or ``stopping``."""
+        self.retry_after_s = retry_after_s
 
 
 class AuthError(TargetError):

@@ -143,6 +143,7 @@ def make_settings(root: Path, ca: trustme.CA, **role_overrides: object) -> Setti
             tls_key=str(key_file),
             state_root=str(root / "state"),
             heartbeat_s=1.0,
+            stop_grace_s=2.0,
         ),
         roles={"builder": builder, "other": other},
     )

@@ -24,7 +24,7 @@ from conftest import (
 
 from shared.walk import canonical_path
 from shared.wire import PlannedLimits, TurnRequest
-from target_side.fence.limits import Hierarchy, Limiter
+from target_side.fence.limits import Hierarchy, Limiter, Totals
 
 PIDS_PROBE = """
 import os, subprocess
@@ -143,7 +143,8 @@ def test_health_says_which_limits_are_degraded(client: httpx.Client) -> None:
 def test_turn_cgroups_are_removed_when_turns_end(client: httpx.Client) -> None:
     turn, _ = run(client, ["true"])
     for hierarchy in Limiter.detect().hierarchies:
-        assert not [p for p in hierarchy.base.iterdir() if turn.turn_id in p.name]
+        assert hierarchy.turn_parent.name == "paddock-turns"
+        assert not [p for p in hierarchy.turn_parent.iterdir() if turn.turn_id in p.name]
 
 
 # --- the rlimit fallback, and cgroup v2, where this machine cannot show them ------------------
@@ -182,17 +183,22 @@ def _fake_v2(tmp_path: Path) -> tuple[Path, Path]:
 
 def test_cgroup_v2_delegated_subtree_is_detected_and_written(tmp_path: Path) -> None:
     proc, base = _fake_v2(tmp_path)
-    limiter = Limiter.detect(proc)
-    assert limiter.hierarchies == (Hierarchy(2, base, frozenset({"memory", "pids", "cpu"})),)
+    limiter = Limiter.detect(proc, totals=Totals(memory_mb=512, pids=100))
+    parent = base / "paddock-turns"
+    controllers = frozenset({"memory", "pids", "cpu"})
+    assert limiter.hierarchies == (Hierarchy(2, base, controllers, turns=parent),)
     assert limiter.degraded() is None
     # The server left its own cgroup for a leaf, so the controllers could be handed down.
     assert (base / "paddock-server" / "cgroup.procs").read_text() == f"{os.getpid()}\n"
+    # Every turn together: below one parent, whose limits are the target's totals.
+    assert (parent / "memory.max").read_text() == str(512 << 20)
+    assert (parent / "pids.max").read_text() == "100"
     turn = limiter.for_turn(
         "t-" + "a" * 32,
         PlannedLimits(wall_s=60, memory_mb=64, pids=32, cpu=0.5, output_mb=1, scratch_mb=1),
     )
     (cgroup,) = turn.dirs
-    assert cgroup.parent == base
+    assert cgroup.parent == parent
     written = {f.name: f.read_text() for f in cgroup.iterdir()}
     assert written == {
         "memory.max": str(64 << 20),
@@ -215,9 +221,12 @@ def test_stale_turn_cgroups_of_a_dead_server_are_reaped(tmp_path: Path) -> None:
     dead = subprocess.Popen(["true"])
     dead.wait()
     stale = base / f"paddock-{dead.pid}-t-{'b' * 32}"
-    live = base / f"paddock-{os.getpid()}-t-{'c' * 32}"
+    stale_below = base / "paddock-turns" / f"paddock-{dead.pid}-t-{'d' * 32}"
+    live = base / "paddock-turns" / f"paddock-{os.getpid()}-t-{'c' * 32}"
     stale.mkdir()
+    stale_below.mkdir(parents=True)
     live.mkdir()
     Limiter.detect(proc)
     assert not stale.exists()
+    assert not stale_below.exists()
     assert live.exists()

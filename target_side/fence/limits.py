@@ -6,6 +6,12 @@ carries a controller it needs: a cgroup v2 tree delegated to the server (the
 server (root on a machine without systemd). Nested below the server, a turn
 can never get more than the server itself was given.
 
+All turns together sit in one parent, ``paddock-turns``, directly below the
+server's cgroup: its memory and pids limits (``[server] memory_mb`` and
+``pids``) bound the target's turns as a whole, however many run, each within
+its own limits below. Servers started in one cgroup share one parent (and
+its bounds: the last to start writes them); under systemd each has its own.
+
 bubblewrap is started with ``--block-fd``: its sandbox process stops after
 setting up the fence and before the command starts. The runner moves that
 process into the turn's cgroups (``place``) and only then releases it, so
@@ -39,7 +45,7 @@ import secrets
 import shutil
 import signal
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from shared.wire import PlannedLimits
@@ -63,6 +69,8 @@ TRUSTED_BIN_PATH = "/usr/bin:/bin"
 TURN_PREFIX = "paddock-"
 SERVER_LEAF = "paddock-server"
 """On cgroup v2 the server moves itself here so its own cgroup may hand controllers down."""
+TURNS_PARENT = "paddock-turns"
+"""The parent of every turn cgroup, below the server's own: the bound on all turns together."""
 REMOVE_TRIES = 100
 _TURN_CGROUP = re.compile(rf"{TURN_PREFIX}(\d+)-t-[0-9a-f]+")
 
@@ -73,8 +81,14 @@ class Hierarchy:
 
     version: int
     base: Path
-    """The server's own cgroup here: turn cgroups are made directly below it."""
+    """The server's own cgroup here."""
     controllers: frozenset[str]
+    turns: Path | None = None
+    """Where turn cgroups are made: the ``paddock-turns`` parent (``base`` itself if None)."""
+
+    @property
+    def turn_parent(self) -> Path:
+        return self.base if self.turns is None else self.turns
 
 
 @dataclass(frozen=True)
@@ -84,6 +98,14 @@ class Enforcement:
     limit: str
     how: str
     degraded: str | None = None
+
+
+@dataclass(frozen=True)
+class Totals:
+    """What all turns together may use: written on their parent cgroup (None: no bound)."""
+
+    memory_mb: int | None = None
+    pids: int | None = None
 
 
 @dataclass
@@ -103,8 +125,12 @@ class Limiter:
         self.rlimits = rlimits
 
     @classmethod
-    def detect(cls, proc: Path = Path("/proc/self")) -> Limiter:
-        """Find usable hierarchies from the server's own ``/proc/self/{cgroup,mountinfo}``."""
+    def detect(cls, proc: Path = Path("/proc/self"), totals: Totals | None = None) -> Limiter:
+        """Find usable hierarchies from the server's own ``/proc/self/{cgroup,mountinfo}``.
+
+        Each gets its ``paddock-turns`` parent, with ``totals`` written where
+        the hierarchy carries the controller.
+        """
         try:
             places = memberships((proc / "cgroup").read_text())
             mounts = cgroup_mounts((proc / "mountinfo").read_text())
@@ -128,6 +154,7 @@ class Limiter:
                 taken.add(controller)
         limiter = cls(found)
         limiter.reap_stale()
+        limiter.hierarchies = tuple(_with_parent(h, totals or Totals()) for h in found)
         return limiter
 
     def controller(self, name: str) -> Hierarchy | None:
@@ -186,15 +213,44 @@ class Limiter:
         """Remove empty turn cgroups left by a server that is gone.
 
         Turn cgroups carry their server's pid, so a server never removes one
-        that another live server has just made and not yet filled.
+        that another live server has just made and not yet filled. Looked for
+        in the parent, and directly below the server's cgroup, where they were
+        made before there was a parent.
         """
         for hierarchy in self.hierarchies:
-            with contextlib.suppress(OSError):
-                for entry in hierarchy.base.iterdir():
-                    match = _TURN_CGROUP.fullmatch(entry.name)
-                    if match and not _alive(int(match[1])) and entry.is_dir():
-                        with contextlib.suppress(OSError):
-                            entry.rmdir()
+            for place in (hierarchy.base, hierarchy.base / TURNS_PARENT):
+                _reap_in(place)
+
+
+def _reap_in(place: Path) -> None:
+    with contextlib.suppress(OSError):
+        for entry in place.iterdir():
+            match = _TURN_CGROUP.fullmatch(entry.name)
+            if match and not _alive(int(match[1])) and entry.is_dir():
+                with contextlib.suppress(OSError):
+                    entry.rmdir()
+
+
+def _with_parent(hierarchy: Hierarchy, totals: Totals) -> Hierarchy:
+    """``hierarchy`` with turns going into its ``paddock-turns`` parent, bounded by ``totals``.
+
+    Where the parent cannot be made, turns go directly below the server, as
+    before: each still bounded by its own limits, the total only by the server's.
+    """
+    parent = hierarchy.base / TURNS_PARENT
+    try:
+        parent.mkdir(mode=0o755, exist_ok=True)
+        for name, value in _total_settings(hierarchy, totals):
+            _write(parent / name, value, optional=name in _OPTIONAL)
+    except OSError as exc:
+        log.warning(
+            "cannot bound all turns together in %s (%s); turns go below %s",
+            parent,
+            exc,
+            hierarchy.base,
+        )
+        return hierarchy
+    return replace(hierarchy, turns=parent)
 
 
 def _alive(pid: int) -> bool:
@@ -217,7 +273,7 @@ class TurnLimits:
     dirs: dict[Path, Hierarchy] = field(default_factory=dict)
 
     def create(self, hierarchy: Hierarchy) -> None:
-        path = hierarchy.base / self.name
+        path = hierarchy.turn_parent / self.name
         path.mkdir(mode=0o755)
         self.dirs[path] = hierarchy
         for name, value in _settings(hierarchy, self.limits):
@@ -295,8 +351,14 @@ class TurnLimits:
         return not self.dirs
 
 
-_OPTIONAL = {"memory.memsw.limit_in_bytes", "memory.swap.max", "memory.oom.group"}
-"""Absent where swap accounting is off or the kernel is older; the main limit still holds."""
+_OPTIONAL = {
+    "memory.memsw.limit_in_bytes",
+    "memory.swap.max",
+    "memory.oom.group",
+    "cgroup.subtree_control",
+}
+"""Absent where swap accounting is off or the kernel is older; the main limit still holds.
+(A controller the parent cannot hand down fails the turn's own limit, loudly, instead.)"""
 
 
 def _settings(hierarchy: Hierarchy, limits: PlannedLimits) -> list[tuple[str, str]]:
@@ -327,6 +389,32 @@ def _settings(hierarchy: Hierarchy, limits: PlannedLimits) -> list[tuple[str, st
             else []
         ),
     ]
+
+
+def _total_settings(hierarchy: Hierarchy, totals: Totals) -> list[tuple[str, str]]:
+    """The parent's bounds, and (v2) the controllers it hands down to the turns below it."""
+    has = hierarchy.controllers
+    memory = None if totals.memory_mb is None else str(totals.memory_mb << 20)
+    pids = None if totals.pids is None else str(totals.pids)
+    found: list[tuple[str, str]] = []
+    if hierarchy.version == 2:
+        found += [("cgroup.subtree_control", f"+{name}") for name in sorted(has)]
+        if "memory" in has and memory is not None:
+            found += [("memory.max", memory), ("memory.swap.max", "0")]
+        if "pids" in has and pids is not None:
+            found.append(("pids.max", pids))
+        return found
+    if "memory" in has and memory is not None:
+        # Unbounded swap first: the kernel refuses memory+swap below memory alone, and the
+        # parent may hold lower values from a server before.
+        found += [
+            ("memory.memsw.limit_in_bytes", "-1"),
+            ("memory.limit_in_bytes", memory),
+            ("memory.memsw.limit_in_bytes", memory),
+        ]
+    if "pids" in has and pids is not None:
+        found.append(("pids.max", pids))
+    return found
 
 
 def _read_usage(path: Path, hierarchy: Hierarchy, found: Usage) -> None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from shared.exit_status import ExitStatus, for_signal, signal_of
 from shared.wire import Refusal
+from target_side.errors import StorageError
 from target_side.fence.limits import TurnLimits, Usage
 from target_side.policy import refusals
 
@@ -38,7 +39,7 @@ SIGNALS = {
 }
 
 Emit = Callable[..., object]
-"""``emit(kind, **fields)``: append one event to the turn's spool."""
+"""``emit(kind, **fields)``: append one event to the turn's spool; ``StorageError`` if it cannot."""
 
 
 @dataclass
@@ -52,6 +53,8 @@ class Outcome:
     output_truncated: bool = False
     cpu_s: float | None = None
     max_rss_kb: int | None = None
+    failure: str | None = None
+    """Why the target ended the turn itself (its spool could not take its output)."""
 
 
 @dataclass
@@ -109,7 +112,8 @@ class RunningTurn:
         self._explain = explain_setup_failure
         self._gate = gate
         self._limit_failure: str | None = None
-        self._emit = emit
+        self._spool = emit
+        self._spool_failure: str | None = None
         self._wall_s = wall_s
         self._output_left = output_bytes
         self._status = _Status()
@@ -148,6 +152,19 @@ class RunningTurn:
         outcome.cpu_s, outcome.max_rss_kb = usage.cpu_s, usage.max_rss_kb
         return outcome
 
+    def _emit(self, kind: str, **fields: object) -> None:
+        """Spool one event; output the spool cannot keep ends the turn, rather than go missing."""
+        if self._spool_failure is not None:
+            return
+        try:
+            self._spool(kind, **fields)
+        except StorageError as exc:
+            self._spool_failure = (
+                f"the state disk refused the turn's output ({exc}); the target killed the "
+                "turn, and its output up to here is kept"
+            )
+            self.kill()
+
     async def _release_limits(self) -> Usage:
         limits = self._gate.limits if self._gate is not None else None
         if limits is None:
@@ -164,6 +181,15 @@ class RunningTurn:
 
     def _outcome(self, returncode: int) -> Outcome:
         wall = round(time.monotonic() - self._started_at, 6)
+        if self._spool_failure is not None:
+            return Outcome(
+                ExitStatus.PADDOCK_FAILED,
+                None,
+                None,
+                wall,
+                self._truncated,
+                failure=self._spool_failure,
+            )
         if self._limit_failure is not None:
             refusal = refusals.backend_unavailable(self._limit_failure).refusal
             return Outcome(ExitStatus.REFUSED, None, refusal, wall, self._truncated)

@@ -36,6 +36,8 @@ from target_side.errors import (
     RefusedError,
     RoleNotHeld,
     StdinClosed,
+    TargetUnavailable,
+    TurnCapReached,
     TurnNotRunning,
     UnknownTurn,
 )
@@ -46,6 +48,7 @@ from target_side.policy.plan import host_ids
 from target_side.service.auth import TokenRoles, require_role
 from target_side.service.body_limit import BodyLimit
 from target_side.service.health import HealthBoard
+from target_side.service.state_lock import StateLock
 from target_side.service.turns import TurnManager, TurnRecord
 from target_side.tools import config_file
 
@@ -54,13 +57,17 @@ PROBLEM_JSON = "application/problem+json"
 MAX_BODY = 1 << 20
 
 
-def create_app(settings: Settings, inject: FailureHook = no_failure) -> FastAPI:
+def create_app(
+    settings: Settings, inject: FailureHook = no_failure, state_lock: StateLock | None = None
+) -> FastAPI:
     """A FastAPI app serving the target described by ``settings``; no module state.
 
     ``inject`` is the failure-injection seam of the scratch build (tests only).
+    ``state_lock``: the state root's lock, already taken by whoever serves the
+    app; without one, the app takes it when it starts and gives it up last.
     """
     board = HealthBoard("bubblewrap")
-    manager = TurnManager(settings, board, inject)
+    manager = TurnManager(settings, board, inject, state_lock)
     tokens = TokenRoles(settings)
 
     @asynccontextmanager
@@ -242,9 +249,13 @@ async def _sse(
 
 
 def _problem(
-    status: int, title: str, detail: str | None = None, errors: list[ProblemField] | None = None
+    status: int,
+    title: str,
+    detail: str | None = None,
+    errors: list[ProblemField] | None = None,
+    **extra: Any,
 ) -> JSONResponse:
-    body = Problem(title=title, status=status, detail=detail, errors=errors or [])
+    body = Problem(title=title, status=status, detail=detail, errors=errors or [], **extra)
     return JSONResponse(
         body.model_dump(exclude_none=True), status_code=status, media_type=PROBLEM_JSON
     )
@@ -280,6 +291,19 @@ def _install_problem_handlers(app: FastAPI) -> None:
     @app.exception_handler(StdinClosed)
     async def no_stdin(_request: Request, exc: StdinClosed) -> JSONResponse:
         return _problem(409, "Turn takes no input", str(exc))
+
+    @app.exception_handler(TurnCapReached)
+    async def over_cap(_request: Request, exc: TurnCapReached) -> JSONResponse:
+        response = _problem(429, "Too many running turns", str(exc), cap=exc.cap, limit=exc.limit)
+        response.headers["Retry-After"] = str(exc.retry_after_s)
+        return response
+
+    @app.exception_handler(TargetUnavailable)
+    async def unavailable(_request: Request, exc: TargetUnavailable) -> JSONResponse:
+        title = "Target disk full" if exc.reason == "disk" else "Target stopping"
+        response = _problem(503, title, str(exc), reason=exc.reason)
+        response.headers["Retry-After"] = str(exc.retry_after_s)
+        return response
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -2,10 +2,15 @@
 
 The embedded form serves ``paddock run --local`` and the tests: a real uvicorn
 with real TLS on a loopback port the kernel picks.
+
+Either way the listening socket is bound here and handed to uvicorn, so that
+every connection is counted from ``accept`` (``connections``), and the server
+stops in the order a supervisor can rely on (``TargetServer.shutdown``).
 """
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -15,32 +20,98 @@ import uvicorn
 
 from target_side.config import Settings
 from target_side.errors import TargetError
+from target_side.service.connections import ConnectionGuard, GuardedListener, guarded_h11
+from target_side.service.log_repeats import collapse_repeats
+from target_side.service.state_lock import StateLock
+
+log = logging.getLogger("paddock.target")
 
 START_TIMEOUT_S = 15.0
+GRACEFUL_CLOSE_S = 5
+"""After the turns: how long open connections get to finish their last response."""
 
 
-def uvicorn_config(settings: Settings, log_level: str = "info") -> uvicorn.Config:
+def uvicorn_config(
+    settings: Settings,
+    log_level: str = "info",
+    guard: ConnectionGuard | None = None,
+    state_lock: StateLock | None = None,
+) -> uvicorn.Config:
     """The uvicorn configuration for ``settings``: TLS when configured, no proxy headers."""
     from target_side.service.app import create_app
 
     server = settings.server
+    guard = guard or ConnectionGuard(server.max_connections, server.request_timeout_s)
     return uvicorn.Config(
-        create_app(settings),
+        create_app(settings, state_lock=state_lock),
         host=server.host,
         port=server.port,
         ssl_certfile=server.tls_cert,
         ssl_keyfile=server.tls_key,
+        http=guarded_h11(guard),
+        ws="none",
         log_level=log_level,
         proxy_headers=False,
         server_header=False,
         date_header=False,
-        timeout_graceful_shutdown=5,
+        timeout_graceful_shutdown=GRACEFUL_CLOSE_S,
     )
 
 
+class TargetServer(uvicorn.Server):
+    """uvicorn, stopping in order: no new connection, turns ended and recorded, then the rest.
+
+    uvicorn alone would wait a few seconds for open connections (event streams
+    of running turns never close by themselves) and then cut them. Here the
+    turns end first (within ``[server] stop_grace_s``, killed and recorded after
+    it), so every stream gets its terminal event and closes; only then does
+    uvicorn close connections and run the app's shutdown, which gives up the
+    state root's lock last.
+    """
+
+    def __init__(self, config: uvicorn.Config, settings: Settings) -> None:
+        super().__init__(config)
+        self._settings = settings
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for listening in getattr(self, "servers", []):
+            listening.close()
+        manager = self.config.app.state.manager
+        await manager.stop(self._settings.server.stop_grace_s, hurry=lambda: self.force_exit)
+        await super().shutdown(sockets)
+
+
+def listen(settings: Settings, guard: ConnectionGuard) -> GuardedListener:
+    """The bound (not yet listening) socket of ``[server] listen``."""
+    family = socket.AF_INET6 if ":" in settings.server.host else socket.AF_INET
+    sock = GuardedListener(family, guard)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((settings.server.host, settings.server.port))
+    except OSError as exc:
+        sock.close()
+        raise TargetError(f"cannot listen on {settings.server.listen}: {exc.strerror}") from exc
+    return sock
+
+
 def serve(settings: Settings) -> None:
-    """Serve in the foreground until interrupted."""
-    uvicorn.Server(uvicorn_config(settings)).run()
+    """Serve in the foreground until SIGTERM or SIGINT, holding the state root throughout.
+
+    The lock comes before the port: a second server on a busy state root says
+    whose it is, not that the port is taken.
+    """
+    collapse_repeats()
+    lock = StateLock.acquire(settings.state_root, settings.server.listen)
+    try:
+        server = settings.server
+        guard = ConnectionGuard(server.max_connections, server.request_timeout_s)
+        sock = listen(settings, guard)
+        scheme = "https" if server.tls_cert else "http"
+        log.info("paddock target on %s://%s, state in %s", scheme, server.listen, server.state_root)
+        config = uvicorn_config(settings, guard=guard, state_lock=lock)
+        TargetServer(config, settings).run(sockets=[sock])
+    finally:
+        lock.release()
 
 
 class ServerThread:
@@ -50,19 +121,20 @@ class ServerThread:
     """
 
     def __init__(self, settings: Settings, log_level: str = "warning") -> None:
-        self._config = uvicorn_config(settings, log_level)
-        self._server = uvicorn.Server(self._config)
-        family = socket.AF_INET6 if ":" in settings.server.host else socket.AF_INET
-        self._socket = socket.socket(family, socket.SOCK_STREAM)
-        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._socket.bind((settings.server.host, settings.server.port))
+        collapse_repeats()
+        server = settings.server
+        guard = ConnectionGuard(server.max_connections, server.request_timeout_s)
+        self._config = uvicorn_config(settings, log_level, guard)
+        self._server = TargetServer(self._config, settings)
+        self._socket = listen(settings, guard)
         self._thread = threading.Thread(
             target=self._server.run,
             kwargs={"sockets": [self._socket]},
             daemon=True,
             name="paddock-target",
         )
-        self._scheme = "https" if settings.server.tls_cert else "http"
+        self._scheme = "https" if server.tls_cert else "http"
+        self._stop_s = START_TIMEOUT_S + server.stop_grace_s
 
     @property
     def port(self) -> int:
@@ -86,7 +158,7 @@ class ServerThread:
 
     def stop(self) -> None:
         self._server.should_exit = True
-        self._thread.join(timeout=START_TIMEOUT_S)
+        self._thread.join(timeout=self._stop_s)
         self._socket.close()
 
     def __enter__(self) -> ServerThread:

@@ -3,6 +3,12 @@
 ``STATE/turns/TURN/record.json`` is the turn as last known (replaced
 atomically on every change) and ``events.jsonl`` its spool. A restarted target
 reads them back, so a turn outlives the process that ran it, as output at least.
+
+A record is replaced through a temporary file and a rename, so a crash leaves
+the old record or the new one; what it can leave besides is the temporary file
+(removed at start: it is an unfinished write), or, after a crash of the
+machine itself, a record that does not parse. That one is kept aside
+(``record.json.torn-STAMP``) for the target to rebuild the turn from the ledger.
 """
 
 from __future__ import annotations
@@ -18,10 +24,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from shared.wire import Turn, is_turn_id
 from target_side.safe_files import write_atomic
+from target_side.service.tails import stamp
 
 log = logging.getLogger("paddock.target")
 RECORD = "record.json"
 EVENTS = "events.jsonl"
+LOST_AND_FOUND = "lost+found"
 
 
 class StoredTurn(BaseModel):
@@ -51,22 +59,58 @@ class TurnStore:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         write_atomic(directory / RECORD, stored.model_dump_json().encode())
 
-    def load_all(self) -> Iterator[StoredTurn]:
-        """Every readable turn record; an unreadable one is logged and left for retention."""
+    def load_all(self) -> Iterator[StoredTurn | Unreadable]:
+        """Every turn on disk: its record, or what became of a record that does not parse."""
         if not self.root.is_dir():
             return
         for directory in sorted(self.root.iterdir()):
             if not is_turn_id(directory.name):
                 continue
+            _remove_unfinished_writes(directory)
+            path = directory / RECORD
             try:
-                yield StoredTurn.model_validate_json((directory / RECORD).read_bytes())
+                yield StoredTurn.model_validate_json(path.read_bytes())
             except (OSError, ValidationError) as exc:
-                log.warning("turn %s: record unreadable (%s); skipped", directory.name, exc)
+                yield _set_aside(directory.name, path, exc)
+
+    def move_to_lost_and_found(self, turn_id: str) -> Path:
+        """Take a turn nothing can be rebuilt for out of the way, whole, for an operator to see."""
+        place = self.root.parent / LOST_AND_FOUND
+        place.mkdir(mode=0o700, exist_ok=True)
+        moved = place / f"{turn_id}.{stamp()}"
+        self.dir(turn_id).rename(moved)
+        return moved
 
     def remove(self, turn_id: str) -> None:
         # The server's own directory: no turn ever wrote into it.
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(self.dir(turn_id))
+
+
+class Unreadable(BaseModel):
+    """A turn whose record did not parse; the record is kept aside under ``kept``."""
+
+    turn_id: str
+    kept: str | None
+    reason: str
+
+
+def _set_aside(turn_id: str, path: Path, exc: Exception) -> Unreadable:
+    reason = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    kept = None
+    kept_path = path.with_name(f"{RECORD}.torn-{stamp()}")
+    with contextlib.suppress(OSError):  # absent (never written), or the rename failed: kept = None
+        path.rename(kept_path)
+        kept = kept_path.name
+    log.warning("turn %s: record unreadable (%s); kept aside as %s", turn_id, reason, kept)
+    return Unreadable(turn_id=turn_id, kept=kept, reason=reason)
+
+
+def _remove_unfinished_writes(directory: Path) -> None:
+    """Remove temporary files of a record replacement a crash cut short (never acknowledged)."""
+    for entry in directory.glob(f".{RECORD}.*.tmp"):
+        with contextlib.suppress(FileNotFoundError):
+            entry.unlink()
 
 
 def expired(turn: Turn, now: datetime, retention_s: float) -> bool:

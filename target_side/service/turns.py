@@ -4,6 +4,17 @@ A turn's life is its own task on the server's event loop; no request handler
 waits for it, so a client that goes away changes nothing for the turn. Every
 turn is on disk (``store``) and in the ledger, so a restarted target can say
 what became of each: finished, or lost with the process that ran it.
+
+Admission: a turn is admitted only under both caps on running turns (the
+target's ``max_turns``, its role's ``turns``), while the state disk takes
+writes, and while the target is not stopping; otherwise the request is
+answered (429 or 503, with Retry-After) and nothing is made.
+
+A full disk: a turn whose output the spool cannot take is killed and ends 125
+with a notice naming the disk; every write the disk refused (a record, a ledger
+record, the target's closing events) is held in memory and written when a
+probe finds the disk writable again, which is also what clears the ``disk``
+health cause. Followers get every turn's closing events either way.
 """
 
 from __future__ import annotations
@@ -12,19 +23,36 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import os
 import shutil
+import signal
 import uuid
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from shared.wire import FenceView, PlannedMount, PlanResult, Turn, TurnRequest, Usage
+from shared.exit_status import ExitStatus, for_signal
+from shared.wire import (
+    ExitEvent,
+    FenceView,
+    PlannedMount,
+    PlanResult,
+    RefusedEvent,
+    Turn,
+    TurnRequest,
+    Usage,
+)
 from target_side.config import Settings
 from target_side.errors import (
     BackendError,
     RefusedError,
     StdinClosed,
+    StorageError,
     TargetError,
+    TargetUnavailable,
+    TurnCapReached,
     TurnNotRunning,
     UnknownTurn,
 )
@@ -32,21 +60,35 @@ from target_side.fence import audit
 from target_side.fence.held import FailureHook, no_failure
 from target_side.fence.home import open_state_root, prepare_home
 from target_side.fence.launch import find_bwrap, launch_turn, signal_reset_prefix
-from target_side.fence.limits import Limiter
+from target_side.fence.limits import Limiter, Totals
 from target_side.fence.runner import Outcome, RunningTurn
 from target_side.policy import refusals
 from target_side.policy.plan import FencePlan, plan_turn
 from target_side.service.health import HealthBoard
 from target_side.service.ledger import Ledger
 from target_side.service.spool import EventSpool, now
-from target_side.service.store import StoredTurn, TurnStore, expired
+from target_side.service.state_lock import StateLock
+from target_side.service.store import StoredTurn, TurnStore, Unreadable, expired
 
 log = logging.getLogger("paddock.target")
 
 FAILING_AFTER = 3
 """Consecutive turns the target itself failed before health says ``turns-failing``."""
 MIN_FREE_BYTES = 256 << 20
-"""Below this much free space under the state root, health says ``disk``."""
+MIN_FREE_SHARE = 0.05
+"""Below the smaller of these (bytes, share of the filesystem) free, health says ``disk``."""
+PROBE_BYTES = 64 << 10
+"""What the disk probe writes (and removes) to see the state disk takes writes again."""
+DISK_POLL_S = 1.0
+"""How often a failing disk is probed; a healthy one is looked at every ``DISK_CHECK_S``."""
+DISK_CHECK_S = 10.0
+CAP_RETRY_AFTER_S = 1
+DISK_RETRY_AFTER_S = 10
+STOP_RETRY_AFTER_S = 5
+STOP_POLL_S = 0.05
+KILL_WAIT_S = 10.0
+"""After the grace time: how long killed turns get to be reaped and recorded."""
+LAUNCH_FAILED = "the target failed to launch this turn; the target's log says why"
 
 
 @dataclass
@@ -57,6 +99,12 @@ class TurnRecord:
     spool: EventSpool
     running: RunningTurn | None = None
     task: asyncio.Task[None] | None = field(default=None, repr=False)
+    admitted: bool = False
+    """Counted against the caps on running turns until it ends."""
+    dirty: bool = False
+    """Its record on disk is older than this one (the disk refused the write)."""
+    stopped: str | None = None
+    """Why the target, stopping, killed it (not anything of its own); said in a notice."""
 
     @property
     def turn(self) -> Turn:
@@ -70,7 +118,11 @@ class TurnManager:
     """Every turn of one target, keyed by id."""
 
     def __init__(
-        self, settings: Settings, board: HealthBoard, inject: FailureHook = no_failure
+        self,
+        settings: Settings,
+        board: HealthBoard,
+        inject: FailureHook = no_failure,
+        state_lock: StateLock | None = None,
     ) -> None:
         self.settings = settings
         self.board = board
@@ -79,9 +131,19 @@ class TurnManager:
         self._turns: dict[str, TurnRecord] = {}
         self._idempotency: dict[str, str] = {}
         self._bwrap: str | None = None
-        self.limiter = Limiter.detect()
+        server = settings.server
+        totals = Totals(server.memory_mb or default_memory_mb(), server.pids)
+        self.limiter = Limiter.detect(totals=totals)
         self._ledger: Ledger | None = None
         self._failures = 0
+        self._lock = state_lock
+        self._own_lock = False
+        self._running = 0
+        self._running_by_role: Counter[str] = Counter()
+        self._disk_failure: str | None = None
+        self._stopping = False
+        self._watch: asyncio.Task[None] | None = None
+        self._disk_news = asyncio.Event()
 
     @property
     def ledger(self) -> Ledger:
@@ -95,41 +157,125 @@ class TurnManager:
         return self._bwrap
 
     async def start(self) -> None:
-        """Open the ledger, take back every turn on disk, and reap what a crash left."""
-        await asyncio.to_thread(open_state_root, self.settings.state_root)
-        self._ledger = await asyncio.to_thread(Ledger, self.settings.state_root)
-        for stored in await asyncio.to_thread(lambda: list(self.store.load_all())):
-            await self._recover(stored)
-        # Probed once with a child process: off the event loop, before any turn needs it.
-        await asyncio.to_thread(signal_reset_prefix)
+        """Lock the state root, open the ledger, take back every turn on disk, reap what's left.
 
-    async def _recover(self, stored: StoredTurn) -> None:
-        record = TurnRecord(stored, EventSpool(self.store.spool_path(stored.turn.turn_id)))
-        self._turns[stored.turn.turn_id] = record
+        The lock comes first: nothing in the state root is read or repaired by a
+        server that does not hold it.
+        """
+        root = self.settings.state_root
+        await asyncio.to_thread(open_state_root, root)
+        if self._lock is None:
+            listen = self.settings.server.listen
+            self._lock = await asyncio.to_thread(StateLock.acquire, root, listen)
+            self._own_lock = True
+        try:
+            found = await asyncio.to_thread(lambda: list(self.store.load_all()))
+            self._ledger = await asyncio.to_thread(Ledger, root)
+            ids = {f.turn_id if isinstance(f, Unreadable) else f.turn.turn_id for f in found}
+            latest = await asyncio.to_thread(self.ledger.latest_turns, ids)
+            for item in found:
+                await self._take_back(item, latest)
+            # Probed once with a child process: off the event loop, before any turn needs it.
+            await asyncio.to_thread(signal_reset_prefix)
+        except BaseException:
+            self._release_lock()
+            raise
+        if self.ledger.held:
+            self._storage_failed(StorageError(f"{self.ledger.path}: records wait for the disk"))
+        self._check_low_water()
+        self._watch = asyncio.create_task(self._watch_disk())
+
+    async def _take_back(
+        self, item: StoredTurn | Unreadable, latest: dict[str, tuple[str, dict[str, Any]]]
+    ) -> None:
+        if isinstance(item, StoredTurn):
+            await self._recover(item, latest.get(item.turn.turn_id))
+            return
+        known = latest.get(item.turn_id)
+        facts: dict[str, Any] = {"reason": item.reason, "kept": item.kept}
+        if known is None:
+            # Never launched (a crash while it was being built): nothing to rebuild it from.
+            moved = await asyncio.to_thread(self.store.move_to_lost_and_found, item.turn_id)
+            facts["moved_to"] = str(moved.relative_to(self.settings.state_root))
+            await self._ledger_append("recovery", turn_id=item.turn_id, record=facts)
+            return
+        facts["rebuilt_from"] = "ledger"
+        await self._ledger_append("recovery", turn_id=item.turn_id, record=facts)
+        stored = StoredTurn(turn=Turn.model_validate(known[1]))
+        await self._recover(stored, known, rebuilt=True)
+
+    async def _recover(
+        self,
+        stored: StoredTurn,
+        known: tuple[str, dict[str, Any]] | None,
+        rebuilt: bool = False,
+    ) -> None:
+        turn_id = stored.turn.turn_id
+        spool = EventSpool(self.store.spool_path(turn_id), self._storage_failed)
+        record = TurnRecord(stored, spool, dirty=rebuilt)
+        self._turns[turn_id] = record
         if stored.idempotency:
-            self._idempotency[stored.idempotency] = stored.turn.turn_id
-        if stored.turn.state != "running":
-            if not record.spool.finished:
-                _append_terminal(record)  # stopped between the record and the event
+            self._idempotency[stored.idempotency] = turn_id
+        if spool.cut is not None:
+            cut = spool.cut.facts() | {"file": f"turns/{turn_id}/{spool.cut.file}"}
+            await self._ledger_append("recovery", turn_id=turn_id, cut=cut)
+        interrupted = stored.turn.state == "running"
+        if interrupted:
+            await self._end_interrupted(record)
+        elif not spool.finished:
+            _append_terminal(record)  # stopped between the record and the event
+        if record.dirty:
+            await self._persist(record)
+        # An end the ledger lacks (held when the disk was full, or cut by a repair) is recorded.
+        if interrupted or known is None or known[0] != "end":
+            await self._ledger_append("end", turn=_turn_json(record.turn))
+
+    async def _end_interrupted(self, record: TurnRecord) -> None:
+        """A turn running when the target stopped: ended as its spool says, else lost."""
+        record.dirty = True
+        terminal = await record.spool.terminal()
+        if isinstance(terminal, ExitEvent):
+            # It ended, and only its record missed it (a full disk, a crash between writes).
+            record.update(
+                state="exited",
+                exit_code=terminal.exit_code,
+                signal=terminal.signal,
+                ended_at=terminal.at,
+            )
+            return
+        if isinstance(terminal, RefusedEvent):
+            record.update(
+                state="refused",
+                exit_code=terminal.exit_code,
+                refusal=terminal.refusal,
+                ended_at=terminal.at,
+            )
             return
         # The process that ran it is gone (bwrap dies with its parent): the turn is lost.
-        if not record.spool.finished:
-            record.spool.append(
-                "notice", message="the target restarted while this turn ran; it was lost"
-            )
-            record.spool.append("exit", exit_code=125, signal=None)
-        record.update(state="lost", exit_code=125, ended_at=now())
-        await self._persist(record)
-        await self.ledger.append("end", turn=_turn_json(record.turn))
-        log.warning("turn %s was running when the target stopped; marked lost", stored.turn.turn_id)
+        record.spool.append_kept(
+            "notice", message="the target restarted while this turn ran; it was lost"
+        )
+        record.spool.append_kept("exit", exit_code=ExitStatus.PADDOCK_FAILED, signal=None)
+        record.update(state="lost", exit_code=ExitStatus.PADDOCK_FAILED, ended_at=now())
+        log.warning("turn %s was running when the target stopped; marked lost", record.turn.turn_id)
 
     async def submit(self, request: TurnRequest, idempotency_key: str | None = None) -> Turn:
-        """Plan, build and launch a turn; a refusal is a finished turn, not an error."""
+        """Plan, build and launch a turn; a refusal is a finished turn, not an error.
+
+        Raises ``TurnCapReached`` or ``TargetUnavailable`` (nothing made) when
+        the turn cannot be admitted now.
+        """
         key = _idempotency_digest(request.role, idempotency_key)
         if key is not None and key in self._idempotency:
             return self._turns[self._idempotency[key]].turn
-        record = self._new_record(request, key)
-        self._check_disk()
+        self._check_low_water()
+        self._admit(request.role)
+        try:
+            record = self._new_record(request, key)
+        except StorageError:
+            self._release(request.role)
+            raise self._disk_unavailable() from None
+        record.admitted = True
         try:
             plan = plan_turn(request, self.settings, record.turn.turn_id)
             await self._launch(record, plan)
@@ -137,13 +283,62 @@ class TurnManager:
             await self._finish(
                 record, Outcome(refused.refusal.exit_code, refusal=refused.refusal), request
             )
+        except Exception:
+            # Never a turn without an end (its followers would wait forever): recorded as failed.
+            log.exception("turn %s: the target failed to launch it", record.turn.turn_id)
+            failed = Outcome(ExitStatus.PADDOCK_FAILED, failure=LAUNCH_FAILED)
+            await self._finish(record, failed, request)
         return record.turn
+
+    def _admit(self, role: str) -> None:
+        """Count a new turn against the caps, or say why it cannot run now."""
+        if self._stopping:
+            raise TargetUnavailable(
+                "the target is stopping and takes no new turn; submit again once it is back",
+                "stopping",
+                STOP_RETRY_AFTER_S,
+            )
+        if self._disk_failure is not None:
+            raise self._disk_unavailable()
+        role_cap = self.settings.roles[role].limits.turns if role in self.settings.roles else None
+        if role_cap is not None and self._running_by_role[role] >= role_cap:
+            raise TurnCapReached(
+                f"role {role} already runs {self._running_by_role[role]} turns, its cap "
+                f"([roles.{role}.limits] turns = {role_cap}); submit again when one has ended",
+                f"roles.{role}.limits.turns",
+                role_cap,
+                CAP_RETRY_AFTER_S,
+            )
+        cap = self.settings.server.max_turns
+        if self._running >= cap:
+            raise TurnCapReached(
+                f"the target already runs {self._running} turns, its cap "
+                f"([server] max_turns = {cap}); submit again when one has ended",
+                "server.max_turns",
+                cap,
+                CAP_RETRY_AFTER_S,
+            )
+        self._running += 1
+        self._running_by_role[role] += 1
+
+    def _release(self, role: str) -> None:
+        self._running -= 1
+        self._running_by_role[role] -= 1
+
+    def _disk_unavailable(self) -> TargetUnavailable:
+        return TargetUnavailable(
+            f"the target's state disk ({self.settings.state_root}) is full or failing "
+            f"({self._disk_failure}); it takes no new turn until it can write again",
+            "disk",
+            DISK_RETRY_AFTER_S,
+        )
 
     def _new_record(self, request: TurnRequest, key: str | None) -> TurnRecord:
         turn_id = f"t-{uuid.uuid4().hex}"
         turn = Turn(turn_id=turn_id, role=request.role, state="running", created_at=now())
         stored = StoredTurn(turn=turn, idempotency=key)
-        record = TurnRecord(stored, EventSpool(self.store.spool_path(turn_id)))
+        spool = EventSpool(self.store.spool_path(turn_id), self._storage_failed)
+        record = TurnRecord(stored, spool)
         self._turns[turn_id] = record
         if key is not None:
             self._idempotency[key] = turn_id
@@ -159,8 +354,8 @@ class TurnManager:
         record.running = running
         record.update(started_at=now(), executable=plan.executable)
         await self._persist(record)
-        await self.ledger.append("launch", turn=_turn_json(record.turn), **_launch_facts(plan))
-        record.spool.append("started", executable=plan.executable)
+        await self._ledger_append("launch", turn=_turn_json(record.turn), **_launch_facts(plan))
+        record.spool.append_kept("started", executable=plan.executable)
         record.task = asyncio.create_task(self._follow(record, plan))
 
     async def _prepare_home(self, record: TurnRecord, plan: FencePlan) -> None:
@@ -171,7 +366,7 @@ class TurnManager:
         except TargetError as exc:
             raise refusals.backend_unavailable(str(exc)) from exc
         if repaired is not None:
-            record.spool.append("notice", message=repaired)
+            record.spool.append_kept("notice", message=repaired)
 
     async def _spawn(self, bwrap: str, plan: FencePlan, spool: EventSpool) -> RunningTurn:
         return await launch_turn(bwrap, plan, spool.append, self.limiter, self._inject)
@@ -187,12 +382,16 @@ class TurnManager:
             running.kill_now()
             outcome = Outcome(125)
         for said in await asyncio.to_thread(audit.enforce, plan.audit, plan.turn_id):
-            record.spool.append("notice", message=said)
+            record.spool.append_kept("notice", message=said)
         await self._finish(record, outcome)
 
     async def _finish(
         self, record: TurnRecord, outcome: Outcome, request: TurnRequest | None = None
     ) -> None:
+        notices = [] if outcome.failure is None else [outcome.failure]
+        if record.stopped is not None and outcome.exit_code == for_signal(signal.SIGKILL):
+            notices.append(record.stopped)
+            outcome = replace(outcome, exit_code=ExitStatus.PADDOCK_FAILED, signal=None)
         state = "refused" if outcome.refusal is not None else "exited"
         record.update(
             state=state,
@@ -205,11 +404,20 @@ class TurnManager:
         )
         record.running = None
         self._count_health(outcome)
-        # Durable first: whoever sees the terminal event can rely on record and ledger.
-        await self._persist(record)
-        facts = {"request": _request_facts(request)} if request is not None else {}
-        await self.ledger.append("end", turn=_turn_json(record.turn), **facts)
-        _append_terminal(record)
+        try:
+            # Durable first: whoever sees the terminal event can rely on record and ledger
+            # (or, on a full disk, on the restart that takes the spool's word for it).
+            await self._persist(record)
+            facts = {"request": _request_facts(request)} if request is not None else {}
+            await self._ledger_append("end", turn=_turn_json(record.turn), **facts)
+            for message in notices:
+                record.spool.append_kept("notice", message=message)
+            _append_terminal(record)
+        finally:
+            # Counted until recorded: a stopping target waits for exactly this.
+            if record.admitted:
+                record.admitted = False
+                self._release(record.turn.role)
         log.info(
             "turn %s role=%s ended state=%s exit=%s",
             record.turn.turn_id,
@@ -233,17 +441,107 @@ class TurnManager:
             self._failures = 0
             self.board.recover("turns-failing")
 
-    def _check_disk(self) -> None:
-        free = shutil.disk_usage(self.settings.state_root).free
-        if free < MIN_FREE_BYTES:
+    # --- the state disk ------------------------------------------------------------------------
+
+    async def _persist(self, record: TurnRecord) -> bool:
+        """Save the turn's record; False (and ``dirty``) if the disk refused it."""
+        try:
+            await asyncio.to_thread(self.store.save, record.stored)
+        except OSError as exc:
+            record.dirty = True
+            self._storage_failed(
+                StorageError(f"the record of turn {record.turn.turn_id}: {exc.strerror or exc}")
+            )
+            return False
+        record.dirty = False
+        return True
+
+    async def _ledger_append(self, kind: str, **fields: Any) -> bool:
+        written = await self.ledger.append(kind, **fields)
+        if not written:
+            self._storage_failed(
+                StorageError(f"{self.ledger.path}: {self.ledger.held} record(s) wait for the disk")
+            )
+        return written
+
+    def _storage_failed(self, exc: StorageError) -> None:
+        """A write under the state root failed: say so, refuse new turns, probe until it passes."""
+        if self._disk_failure is None:
+            log.error("state disk: %s; new turns are refused until writes succeed again", exc)
+        self._disk_failure = str(exc)
+        self._disk_news.set()
+        self.board.degrade(
+            "disk",
+            f"writes under {self.settings.state_root} fail ({exc}); "
+            "new turns are refused until they succeed again",
+        )
+
+    async def _watch_disk(self) -> None:
+        """Probe a failing disk until it takes writes, then write what waited; else watch space."""
+        while True:
+            if self._disk_failure is None:
+                self._disk_news.clear()
+                with contextlib.suppress(TimeoutError):
+                    # A failure wakes the watch at once; its probing starts a poll later.
+                    await asyncio.wait_for(self._disk_news.wait(), DISK_CHECK_S)
+            await asyncio.sleep(DISK_POLL_S)
+            try:
+                if self._disk_failure is not None:
+                    await self._retry_storage()
+                else:
+                    self._check_low_water()
+            except Exception:
+                log.exception("watching the state disk failed; trying again")
+
+    async def _retry_storage(self) -> None:
+        """The ``disk`` cause's recovery: a probe write passes and everything held is written."""
+        if not await asyncio.to_thread(self._disk_takes_writes):
+            return
+        written = await self.ledger.flush()
+        for record in list(self._turns.values()):
+            # The record before its held events: a restart believes the spool over the record.
+            if record.dirty:
+                written = await self._persist(record) and written
+            if record.spool.held:
+                written = record.spool.flush_held() and written
+        if written:
+            log.warning("state disk takes writes again; what waited is written")
+            self._disk_failure = None
+            self._check_low_water()
+
+    def _disk_takes_writes(self) -> bool:
+        root = self.settings.state_root
+        try:
+            usage = shutil.disk_usage(root)
+            if usage.free < low_water(usage.total):
+                return False
+            probe = root / ".disk-probe"
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, b"\0" * PROBE_BYTES)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+                probe.unlink(missing_ok=True)
+        except OSError:
+            return False
+        return True
+
+    def _check_low_water(self) -> None:
+        """``disk`` while free space is low; a write failure holds it until its own recovery."""
+        if self._disk_failure is not None:
+            return
+        try:
+            usage = shutil.disk_usage(self.settings.state_root)
+        except OSError as exc:
+            self.board.degrade("disk", f"cannot read free space of the state root: {exc}")
+            return
+        if usage.free < low_water(usage.total):
             self.board.degrade(
-                "disk", f"only {free >> 20} MiB free under {self.settings.state_root}"
+                "disk", f"only {usage.free >> 20} MiB free under {self.settings.state_root}"
             )
         else:
             self.board.recover("disk")
-
-    async def _persist(self, record: TurnRecord) -> None:
-        await asyncio.to_thread(self.store.save, record.stored)
 
     def dry_run(self, request: TurnRequest) -> PlanResult:
         """The fence ``request`` would get, or its refusal; nothing is built or launched."""
@@ -296,7 +594,9 @@ class TurnManager:
         gone = [
             r
             for r in self._turns.values()
-            if r.running is None and expired(r.turn, moment, retention)
+            if r.running is None
+            and not (r.dirty or r.spool.held)
+            and expired(r.turn, moment, retention)
         ]
         for record in gone:
             del self._turns[record.turn.turn_id]
@@ -306,18 +606,55 @@ class TurnManager:
             await asyncio.to_thread(self.store.remove, record.turn.turn_id)
         return len(gone)
 
+    async def stop(self, grace_s: float, hurry: Callable[[], bool] = lambda: False) -> None:
+        """Take no new turn; give running turns ``grace_s`` to end, then end and record the rest.
+
+        ``hurry`` (a second signal) cuts the wait short. Returns once every turn
+        is recorded as ended, or ``KILL_WAIT_S`` after the kill at most.
+        """
+        self._stopping = True
+        loop = asyncio.get_running_loop()
+        if self._running:
+            log.info("stopping: %d turn(s) running, waiting up to %g s", self._running, grace_s)
+        began = loop.time()
+        while self._running and loop.time() < began + grace_s and not hurry():
+            await asyncio.sleep(STOP_POLL_S)
+        why = (
+            f"the target was stopped and ended this turn after waiting {loop.time() - began:.0f} s "
+            f"for it ([server] stop_grace_s = {grace_s:g} s)"
+        )
+        deadline = loop.time() + KILL_WAIT_S
+        while self._running and loop.time() < deadline:
+            for record in self._turns.values():
+                if record.running is not None and record.stopped is None:
+                    record.stopped = why
+                    record.running.kill()
+            await asyncio.sleep(STOP_POLL_S)
+
     async def shutdown(self) -> None:
-        """Kill every running turn and wait for each to be recorded as ended."""
+        """Kill every running turn, wait for each to be recorded, then give up the state root."""
+        self._stopping = True
+        if self._watch is not None:
+            self._watch.cancel()
         tasks = []
         for record in self._turns.values():
             if record.running is not None:
+                record.stopped = record.stopped or "the target stopped and ended this turn"
                 record.running.kill_now()
             if record.task is not None:
                 tasks.append(record.task)
         with contextlib.suppress(Exception):
             await asyncio.gather(*tasks)
+        if self._ledger is not None and self._disk_failure is not None:
+            with contextlib.suppress(Exception):
+                await self._retry_storage()
         for record in self._turns.values():
             record.spool.close()
+        self._release_lock()
+
+    def _release_lock(self) -> None:
+        if self._own_lock and self._lock is not None:
+            self._lock.release()
 
 
 def fence_view(plan: FencePlan) -> FenceView:
@@ -342,9 +679,19 @@ def fence_view(plan: FencePlan) -> FenceView:
 def _append_terminal(record: TurnRecord) -> None:
     turn = record.turn
     if turn.refusal is not None:
-        record.spool.append("refused", refusal=turn.refusal, exit_code=turn.exit_code)
+        record.spool.append_kept("refused", refusal=turn.refusal, exit_code=turn.exit_code)
     else:
-        record.spool.append("exit", exit_code=turn.exit_code, signal=turn.signal)
+        record.spool.append_kept("exit", exit_code=turn.exit_code, signal=turn.signal)
+
+
+def low_water(total: int) -> int:
+    """Free bytes below which health says ``disk``, on a filesystem of ``total`` bytes."""
+    return min(MIN_FREE_BYTES, int(total * MIN_FREE_SHARE))
+
+
+def default_memory_mb() -> int:
+    """Three quarters of the machine's memory: what all turns together may use by default."""
+    return max(1, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * 3 // 4 >> 20)
 
 
 def _idempotency_digest(role: str, key: str | None) -> str | None:

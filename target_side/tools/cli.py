@@ -11,10 +11,11 @@ from pathlib import Path
 
 from shared import __version__
 from target_side.config import load_settings
-from target_side.errors import TargetError
+from target_side.errors import LedgerError, TargetError
 from target_side.service import ledger
 from target_side.service.auth import token_sha256
 from target_side.service.server import serve
+from target_side.service.state_lock import StateLock
 from target_side.tools import config_file
 
 
@@ -94,6 +95,13 @@ def _parser() -> argparse.ArgumentParser:
     check_ledger = ledger_commands.add_parser("verify", help="check the ledger's hash chain")
     check_ledger.add_argument("--config", type=_absolute, required=True)
     check_ledger.set_defaults(handler=_verify_ledger)
+    mend = ledger_commands.add_parser(
+        "repair",
+        help="keep the records that check out, move the rest aside, record the cut "
+        "(the target must be stopped)",
+    )
+    mend.add_argument("--config", type=_absolute, required=True)
+    mend.set_defaults(handler=_repair_ledger)
     return parser
 
 
@@ -179,9 +187,38 @@ def _doctor(args: argparse.Namespace) -> int:
 
 def _verify_ledger(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
-    verified = ledger.verify(settings.state_root)
-    note = f" ({verified.note})" if verified.note else ""
+    try:
+        verified = ledger.verify(settings.state_root)
+    except LedgerError as exc:
+        print(f"ledger DAMAGED: {exc}", file=sys.stderr)
+        return 1
+    notes = [verified.note] if verified.note else []
+    if verified.torn_bytes:
+        notes.append(
+            f"{verified.torn_bytes} bytes after the last whole record, torn by a crash "
+            "mid-append; the target cuts them (kept aside, recorded) when it starts"
+        )
+    note = f" ({'; '.join(notes)})" if notes else ""
     print(f"ledger ok: {verified.count} records, head {verified.head_hash}{note}")
+    return 0
+
+
+def _repair_ledger(args: argparse.Namespace) -> int:
+    settings = load_settings(args.config)
+    # The server's lock: a repair under a running server would fork the chain it repairs.
+    lock = StateLock.acquire(settings.state_root)
+    try:
+        repaired = ledger.repair(settings.state_root)
+    finally:
+        lock.release()
+    if repaired.cut is None:
+        print(f"ledger: {repaired.reason} ({repaired.kept} records)")
+        return 0
+    cut = repaired.cut
+    print(
+        f"ledger repaired: {repaired.reason}; kept {repaired.kept} record(s), moved "
+        f"{cut.bytes} bytes (sha256 {cut.sha256}) to {cut.kept}, and recorded the cut"
+    )
     return 0
 
 

@@ -48,7 +48,7 @@ from target_side.fence.cgroupfs import (
 from target_side.fence.launch import find_bwrap, probe
 from target_side.policy.forbidden import ForbiddenEntry, forbidden_for
 from target_side.policy.plan import host_ids
-from target_side.service.turns import MIN_FREE_BYTES
+from target_side.service.turns import low_water
 from target_side.tools import config_file
 
 DEFAULT_CONFIG = Path("/etc/paddock/target.toml")
@@ -515,14 +515,15 @@ def _disk(settings: Settings) -> Finding:
     except OSError as exc:
         return Finding("disk", "degraded", f"cannot measure free space under {where}: {exc}")
     free = f"{usage.free / (1 << 30):.1f} GiB free under {where}"
-    if usage.free < MIN_FREE_BYTES:
+    floor = low_water(usage.total) >> 20
+    if usage.free < low_water(usage.total):
         return Finding(
             "disk",
             "degraded",
-            f"only {free}; health degrades below {MIN_FREE_BYTES >> 20} MiB",
+            f"only {free}; health degrades below {floor} MiB",
             "free space, or lower retention_h in [server]",
         )
-    return Finding("disk", "ok", f"{free} (health degrades below {MIN_FREE_BYTES >> 20} MiB)")
+    return Finding("disk", "ok", f"{free} (health degrades below {floor} MiB)")
 
 
 def _tls(settings: Settings) -> list[Finding]:

@@ -1,0 +1,204 @@
+"""Client connections, bounded: how many may be open, and how long one may take to ask.
+
+A connection costs a descriptor from the moment it is accepted, long before a
+request arrives (TLS first, then the head, then the body). Left alone, a client
+that opens thousands and never finishes a request takes every descriptor the
+server has, and ``/v1/health`` with them. So:
+
+- every accepted connection has ``request_timeout_s`` to deliver a whole
+  request (TLS handshake, head and body); one that has not is closed. The clock
+  starts again after each response on a kept-alive connection;
+- at most ``max_connections`` are open. The one past it closes the *oldest*
+  connection still sending its request, so a client with a real request gets
+  in however many half-sent ones are queued; only if every connection is busy
+  serving a request is the newcomer closed instead.
+
+Counting starts at ``accept``, before any TLS, through ``GuardedListener``,
+the listening socket uvicorn is given; the HTTP protocol (``guarded_h11``)
+says when a connection's request is whole and when its response is done.
+Closing goes through ``shutdown(SHUT_RDWR)``: the event loop sees the end of
+the stream and closes the transport itself, so no descriptor is pulled from
+under it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import resource
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+log = logging.getLogger("paddock.target.connections")
+
+FD_RESERVE = 256
+"""Descriptors kept for everything but client connections: turns' pipes, spools, the ledger."""
+
+
+@dataclass
+class _Open:
+    sock: socket.socket
+    busy: bool = False
+    """A whole request is in and its response not yet done: not evicted, not timed out."""
+    timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+
+
+class ConnectionGuard:
+    """The open connections of one listener, oldest first."""
+
+    def __init__(self, max_connections: int, request_timeout_s: float) -> None:
+        self.limit = _within_descriptors(max_connections)
+        self.request_timeout_s = request_timeout_s
+        self._open: dict[int, _Open] = {}
+
+    @property
+    def open(self) -> int:
+        """Connections accepted and not yet seen closed (an upper bound between prunes)."""
+        return len(self._open)
+
+    def accepted(self, conn: socket.socket) -> None:
+        """A new connection: make room for it, and start its request clock."""
+        if len(self._open) >= self.limit:
+            self._prune()
+        if len(self._open) >= self.limit and not self._evict_one():
+            log.warning(
+                "%d connections, each serving a request ([server] max_connections); "
+                "refusing new ones until one ends",
+                len(self._open),
+            )
+            _close(conn)
+            return
+        fd = conn.fileno()
+        self._open.pop(fd, None)  # a stale entry whose descriptor was reused
+        entry = _Open(conn)
+        self._open[fd] = entry
+        self._arm(fd, entry)
+
+    def request_state(self, fd: int, busy: bool) -> None:
+        """The protocol's word: a whole request is in (``busy``), or it waits for the next one."""
+        entry = self._open.get(fd)
+        if entry is None or entry.sock.fileno() != fd or entry.busy == busy:
+            return
+        entry.busy = busy
+        if busy:
+            _cancel(entry)
+        else:
+            self._arm(fd, entry)
+
+    def closed(self, fd: int) -> None:
+        entry = self._open.get(fd)
+        if entry is not None and entry.sock.fileno() in (fd, -1):
+            _cancel(entry)
+            del self._open[fd]
+
+    def _arm(self, fd: int, entry: _Open) -> None:
+        _cancel(entry)
+        loop = asyncio.get_running_loop()
+        entry.timer = loop.call_later(self.request_timeout_s, self._expire, fd, entry)
+
+    def _expire(self, fd: int, entry: _Open) -> None:
+        if self._open.get(fd) is not entry or entry.busy:
+            return
+        del self._open[fd]
+        log.warning(
+            "closed a connection that sent no whole request within %g s "
+            "([server] request_timeout_s)",
+            self.request_timeout_s,
+        )
+        _close(entry.sock)
+
+    def _prune(self) -> None:
+        for fd, entry in list(self._open.items()):
+            if entry.sock.fileno() == -1:
+                _cancel(entry)
+                del self._open[fd]
+
+    def _evict_one(self) -> bool:
+        for fd, entry in self._open.items():
+            if not entry.busy:
+                del self._open[fd]
+                _cancel(entry)
+                log.warning(
+                    "%d connections open ([server] max_connections): closed the oldest one "
+                    "still sending its request",
+                    self.limit,
+                )
+                _close(entry.sock)
+                return True
+        return False
+
+
+def _cancel(entry: _Open) -> None:
+    if entry.timer is not None:
+        entry.timer.cancel()
+        entry.timer = None
+
+
+def _close(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+def _within_descriptors(wanted: int) -> int:
+    """``wanted``, or fewer if the descriptor limit would not leave room for everything else."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or wanted + FD_RESERVE <= soft:
+        return wanted
+    allowed = max(16, soft - FD_RESERVE)
+    log.warning(
+        "[server] max_connections = %d does not fit the descriptor limit (%d); using %d",
+        wanted,
+        soft,
+        allowed,
+    )
+    return allowed
+
+
+class GuardedListener(socket.socket):
+    """A listening socket that reports every connection it accepts to its guard."""
+
+    def __init__(self, family: int, guard: ConnectionGuard) -> None:
+        super().__init__(family, socket.SOCK_STREAM)
+        self.guard = guard
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        conn, address = super().accept()
+        self.guard.accepted(conn)
+        return conn, address
+
+
+def guarded_h11(guard: ConnectionGuard) -> type[H11Protocol]:
+    """uvicorn's h11 protocol, telling ``guard`` when a request is whole and when it is served."""
+
+    class GuardedH11Protocol(H11Protocol):
+        _fd = -1
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            sock = transport.get_extra_info("socket")
+            self._fd = sock.fileno() if sock is not None else -1
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            guard.closed(self._fd)
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            self._report()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._report()
+
+        def _report(self) -> None:
+            # DONE / MUST_CLOSE: the client has sent all of its request; IDLE or
+            # SEND_BODY: it is still sending one, and the clock runs.
+            whole = self.conn.their_state in (h11.DONE, h11.MUST_CLOSE)
+            guard.request_state(self._fd, whole)
+
+    return GuardedH11Protocol

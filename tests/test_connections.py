@@ -1,0 +1,118 @@
+"""Half-sent requests: thousands of them neither starve ``/v1/health`` and new turns, nor take
+every descriptor, nor flood the log; a connection that never finishes its request is closed."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import ssl
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import trustme
+from conftest import BUILDER_TOKEN, events, make_settings, output
+from process_support import TargetProcess, target_process, write_config
+
+from shared.walk import canonical_path
+from target_side.service.server import ServerThread
+
+FLOOD = 2000
+PARTIAL_HEAD = b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
+GARBAGE = 300
+MAX_CONNECTIONS = 256
+
+
+@contextlib.contextmanager
+def _sockets(count: int, port: int, payload: bytes) -> Iterator[list[socket.socket]]:
+    opened: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+            with contextlib.suppress(OSError):
+                sock.sendall(payload)
+            opened.append(sock)
+        yield opened
+    finally:
+        for sock in opened:
+            sock.close()
+
+
+def _log_lines(target: TargetProcess) -> int:
+    return len(target.log.read_text().splitlines())
+
+
+def _closed_by_peer(sock: socket.socket, timeout: float) -> bool:
+    sock.settimeout(timeout)
+    try:
+        return sock.recv(1024) == b""
+    except (ConnectionResetError, TimeoutError):
+        return False
+
+
+def test_a_flood_of_half_sent_requests_leaves_health_and_turns_working(tmp_path: Path) -> None:
+    root = Path(canonical_path(tmp_path))
+    config, url = write_config(root, server={"max_connections": MAX_CONNECTIONS})
+    port = int(url.rsplit(":", 1)[1])
+    with target_process(config, url, root / "target.log") as target:
+        lines_before = _log_lines(target)
+        with (
+            _sockets(FLOOD, port, PARTIAL_HEAD) as partial,
+            _sockets(GARBAGE, port, b"NOT HTTP AT ALL\r\n\r\n"),
+        ):
+            assert len(partial) == FLOOD
+            started = time.monotonic()
+            with target.client(timeout=5) as c:
+                assert c.get("/v1/health").status_code == 200
+                turn = c.post("/v1/turns", json={"role": "builder", "argv": ["echo", "served"]})
+                assert turn.status_code == 201
+                assert events(c, turn.json()["turn_id"])[-1].exit_code == 0  # type: ignore[union-attr]
+            assert time.monotonic() - started < 10
+            # Descriptors stay near the connection cap, never one per half-sent request.
+            assert target.fds() < MAX_CONNECTIONS + 100
+        # Thousands of refused and closed connections, a handful of log lines.
+        assert _log_lines(target) - lines_before < 40
+        assert target.up()
+
+
+def test_a_request_not_finished_in_time_is_closed(tmp_path: Path) -> None:
+    root = Path(canonical_path(tmp_path))
+    config, url = write_config(root, server={"request_timeout_s": 1.0})
+    port = int(url.rsplit(":", 1)[1])
+    with (
+        target_process(config, url, root / "target.log"),
+        _sockets(1, port, PARTIAL_HEAD) as (slow,),
+    ):
+        assert _closed_by_peer(slow, timeout=15)
+
+
+def test_a_tls_connection_that_never_says_hello_is_closed(tmp_path: Path, ca: trustme.CA) -> None:
+    settings = make_settings(Path(canonical_path(tmp_path)), ca)
+    quick = settings.server.model_copy(update={"request_timeout_s": 1.0})
+    with ServerThread(settings.model_copy(update={"server": quick})) as server:
+        with _sockets(1, server.port, b"") as (silent,):
+            assert _closed_by_peer(silent, timeout=15)
+        context = ssl.create_default_context(cafile=None)
+        ca.configure_trust(context)
+        with httpx.Client(base_url=server.url, verify=context) as c:
+            assert c.get("/v1/health").status_code == 200
+
+
+def test_a_stream_longer_than_the_request_timeout_is_not_cut(
+    tmp_path: Path, ca: trustme.CA
+) -> None:
+    """The clock runs while a request is being sent, not while its response is."""
+    settings = make_settings(Path(canonical_path(tmp_path)), ca)
+    quick = settings.server.model_copy(update={"request_timeout_s": 1.0})
+    with ServerThread(settings.model_copy(update={"server": quick})) as server:
+        context = ssl.create_default_context()
+        ca.configure_trust(context)
+        headers = {"Authorization": f"Bearer {BUILDER_TOKEN}"}
+        with httpx.Client(base_url=server.url, verify=context, headers=headers) as c:
+            script = "sleep 2.5; echo done"
+            turn = c.post("/v1/turns", json={"role": "builder", "argv": ["sh", "-c", script]})
+            evs = events(c, turn.json()["turn_id"])
+            assert (output(evs), evs[-1].kind) == ("done\n", "exit")
+            time.sleep(1.5)  # idle between requests on the kept-alive connection
+            assert c.get("/v1/health").status_code == 200

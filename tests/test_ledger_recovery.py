@@ -1,0 +1,213 @@
+"""After a crash: torn tails of the ledger, a spool and a record are cut, kept and recorded;
+a ledger that does not chain in the middle stops the target, and ``ledger repair`` mends it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import events
+from process_support import REPO, TargetProcess, wait_for_exit, write_config
+
+from shared.walk import canonical_path
+from shared.wire import EVENTS
+from target_side.service import ledger
+
+SHORT_WRITE = """
+import asyncio, resource, signal, sys
+from pathlib import Path
+from target_side.service.ledger import Ledger
+from target_side.service.spool import EventSpool
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit a write is cut short, then EFBIG
+root = Path(sys.argv[1])
+book = Ledger(root)
+asyncio.run(book.append("note", text="a" * 100))
+spool = EventSpool(root / "turns" / "t-1" / "events.jsonl")
+spool.append("stdout", data="a" * 100)
+for name in ("ledger.jsonl", "turns/t-1/events.jsonl"):
+    size = (root / name).stat().st_size
+    # The limit is per file: each of these files may grow by 50 bytes more, no further.
+    _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size + 50, hard))
+    try:
+        if name == "ledger.jsonl":
+            print("ledger appended:", asyncio.run(book.append("note", text="b" * 200)))
+        else:
+            spool.append("stdout", data="b" * 200)
+    except Exception as exc:
+        print("spool refused:", type(exc).__name__)
+    if name != "ledger.jsonl":
+        # The target's own closing events: held in memory, served, written once it can.
+        print("notice on disk:", spool.append_kept("notice", message="c" * 200))
+        print("exit on disk:", spool.append_kept("exit", exit_code=125))
+        print("served:", [kind for _, kind, _ in asyncio.run(spool.raw_after(1))])
+    resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
+print("flushed:", spool.flush_held(), "ledger flushed:", asyncio.run(book.flush()))
+"""
+
+
+def _cli(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "target_side.tools.cli", *argv],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+
+
+def _records(state: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in (state / ledger.LEDGER).read_text().splitlines()]
+
+
+def _run_one_turn(target: TargetProcess, argv: list[str]) -> str:
+    with target.client() as c:
+        turn = c.post("/v1/turns", json={"role": "builder", "argv": argv}).json()
+        events(c, turn["turn_id"])
+    return str(turn["turn_id"])
+
+
+def test_a_short_write_is_cut_back_leaving_whole_records(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", SHORT_WRITE, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "ledger appended: False" in done.stdout
+    assert "spool refused: StorageError" in done.stdout
+    assert "notice on disk: False\nexit on disk: False" in done.stdout
+    assert "served: ['notice', 'exit']" in done.stdout
+    assert "flushed: True ledger flushed: True" in done.stdout
+    # Nothing torn was left at any point, and what was held went to disk in order.
+    assert ledger.verify(tmp_path).count == 2
+    lines = (tmp_path / "turns" / "t-1" / "events.jsonl").read_bytes().splitlines()
+    assert [EVENTS.validate_json(line).kind for line in lines] == ["stdout", "notice", "exit"]
+
+
+@pytest.mark.parametrize(
+    "torn",
+    [b'{"seq":99,"prev":"0123', b"\0" * 40 + b"\n"],
+    ids=["cut-mid-line", "zeros-after-a-crash"],
+)
+def test_a_torn_last_ledger_record_is_cut_kept_and_recorded(tmp_path: Path, torn: bytes) -> None:
+    root = Path(canonical_path(tmp_path))
+    config, url = write_config(root)
+    state = root / "state"
+    first = TargetProcess.start(config, url, root / "first.log")
+    _run_one_turn(first, ["true"])
+    first.terminate()
+    with open(state / ledger.LEDGER, "ab") as f:
+        f.write(torn)
+    checked = _cli("ledger", "verify", "--config", str(config))
+    assert checked.returncode == 0, checked.stderr
+    assert f"{len(torn)} bytes after the last whole record" in checked.stdout
+    again = TargetProcess.start(config, url, root / "again.log")
+    again.terminate()
+    (kept,) = state.glob("ledger.jsonl.torn-*")
+    assert kept.read_bytes() == torn
+    recovery = next(r for r in _records(state) if r["kind"] == "recovery")
+    assert recovery["cut"] == {
+        "file": "ledger.jsonl",
+        "bytes": len(torn),
+        "sha256": hashlib.sha256(torn).hexdigest(),
+        "kept": kept.name,
+    }
+    assert ledger.verify(state).torn_bytes == 0
+
+
+def test_a_mismatch_in_the_middle_stops_the_target_until_repaired(tmp_path: Path) -> None:
+    root = Path(canonical_path(tmp_path))
+    config, url = write_config(root)
+    state = root / "state"
+    first = TargetProcess.start(config, url, root / "first.log")
+    turns = [_run_one_turn(first, ["true"]) for _ in range(2)]
+    first.terminate()
+    lines = (state / ledger.LEDGER).read_bytes().splitlines(keepends=True)
+    lines[1] = lines[1].replace(b'"builder"', b'"intruder"', 1)
+    (state / ledger.LEDGER).write_bytes(b"".join(lines))
+
+    refused = TargetProcess.start(config, url, root / "refused.log", wait=False)
+    assert wait_for_exit(refused.proc, timeout=30) not in (None, 0)
+    assert "record 3 does not chain to record 2" in (root / "refused.log").read_text()
+
+    checked = _cli("ledger", "verify", "--config", str(config))
+    assert checked.returncode == 1
+    assert "record 3 does not chain to record 2" in checked.stderr
+    # Record 2 is what record 3 no longer vouches for: only record 1 is proven.
+    assert "record 1 checks out" in checked.stderr
+    assert "paddock-target ledger repair --config" in checked.stderr
+    assert "Repairing the ledger" in checked.stderr
+
+    repaired = _cli("ledger", "repair", "--config", str(config))
+    assert repaired.returncode == 0, repaired.stderr
+    assert "kept 1 record(s)" in repaired.stdout
+    (cut,) = state.glob("ledger.jsonl.cut-*")
+    assert cut.read_bytes() == b"".join(lines[1:])
+    *_, last = _records(state)
+    assert last["kind"] == "recovery"
+    assert last["repair"]["cut"]["sha256"] == hashlib.sha256(cut.read_bytes()).hexdigest()  # type: ignore[index]
+    assert "record 3 does not chain" in last["repair"]["reason"]  # type: ignore[index]
+
+    mended = TargetProcess.start(config, url, root / "mended.log")
+    turns.append(_run_one_turn(mended, ["true"]))
+    mended.terminate()
+    ledger.verify(state)
+    # The target recorded again the ends the cut took away: every turn it knows has one.
+    ended = {r["turn"]["turn_id"] for r in _records(state) if r["kind"] == "end"}  # type: ignore[index]
+    assert ended == set(turns)
+
+
+def test_torn_spool_tail_and_torn_record_are_cut_kept_and_the_turn_rebuilt(
+    tmp_path: Path,
+) -> None:
+    root = Path(canonical_path(tmp_path))
+    config, url = write_config(root)
+    state = root / "state"
+    first = TargetProcess.start(config, url, root / "first.log")
+    turn_id = _run_one_turn(first, ["echo", "hello"])
+    first.terminate()
+    turn_dir = state / "turns" / turn_id
+    spool = turn_dir / "events.jsonl"
+    events_before = spool.read_bytes()
+    # What a crash of the machine can leave: a spool line cut short, a record that is not JSON.
+    *whole, _exit_line = events_before.splitlines(keepends=True)
+    torn_spool = _exit_line[:25]
+    spool.write_bytes(b"".join(whole) + torn_spool)
+    torn_record = (turn_dir / "record.json").read_bytes()[:40]
+    (turn_dir / "record.json").write_bytes(torn_record)
+
+    again = TargetProcess.start(config, url, root / "again.log")
+    try:
+        with again.client() as c:
+            turn = c.get(f"/v1/turns/{turn_id}").json()
+            evs = events(c, turn_id)
+    finally:
+        again.terminate()
+    assert (turn["state"], turn["exit_code"]) == ("exited", 0)
+    assert [e.kind for e in evs] == ["started", "stdout", "exit"]
+    assert evs[-1].exit_code == 0  # type: ignore[union-attr]
+    (kept_spool,) = turn_dir.glob("events.jsonl.torn-*")
+    assert kept_spool.read_bytes() == torn_spool
+    (kept_record,) = turn_dir.glob("record.json.torn-*")
+    assert kept_record.read_bytes() == torn_record
+    recoveries = [r for r in _records(state) if r["kind"] == "recovery"]
+    cut = next(r["cut"] for r in recoveries if "cut" in r)
+    assert cut == {
+        "file": f"turns/{turn_id}/events.jsonl",
+        "bytes": len(torn_spool),
+        "sha256": hashlib.sha256(torn_spool).hexdigest(),
+        "kept": kept_spool.name,
+    }
+    rebuilt = next(r for r in recoveries if "record" in r)
+    assert rebuilt["turn_id"] == turn_id
+    assert rebuilt["record"]["kept"] == kept_record.name  # type: ignore[index]
+    assert rebuilt["record"]["rebuilt_from"] == "ledger"  # type: ignore[index]
+    assert ledger.verify(state).count >= 4
