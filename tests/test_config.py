@@ -26,6 +26,8 @@ REPO = Path(__file__).resolve().parent.parent
 def root(tmp_path: Path) -> Path:
     base = Path(canonical_path(tmp_path))
     (base / "ws").mkdir()
+    uid, gid = parse_settings(_config_text(base)).role_ids("builder")
+    os.chown(base / "ws", uid, gid)  # as an operator (or deploy) hands a workspace to its role
     return base
 
 
@@ -208,6 +210,41 @@ def test_config_check_reports_filesystem_problems_beside_key_problems(root: Path
         "server.tls_key",
     ]
     assert not any(str(root / "target.toml") in p for p in problems)
+
+
+def test_config_check_names_a_workspace_the_role_cannot_write(root: Path) -> None:
+    config = _write(root / "t.toml", _config_text(root))
+    os.chown(root / "ws", 0, 0)
+    _, problems = config_file.check(config)
+    (problem,) = problems
+    uid = parse_settings(_config_text(root)).role_ids("builder")[0]
+    assert f"not writable by the role's uid {uid}" in problem
+    assert f"run: chown {uid}:{uid} {root / 'ws'}" in problem
+
+
+def test_config_check_names_a_workspace_out_of_the_roles_reach(root: Path) -> None:
+    config = _write(root / "t.toml", _config_text(root))
+    root.chmod(0o700)
+    _, problems = config_file.check(config)
+    assert any(f"cannot search {root} (run: chmod o+x {root})" in p for p in problems)
+
+
+def test_config_check_names_a_missing_or_open_fence_path_dir(root: Path) -> None:
+    loose = root / "loose"
+    loose.mkdir()
+    loose.chmod(0o777)
+    fence = f'[fence]\npath = "{loose}:{root / "missing"}:/usr/bin"\n'
+    config = _write(root / "t.toml", _config_text(root, fence))
+    _, problems = config_file.check(config)
+    assert any(f"fence.path: {loose} is writable by group or others" in p for p in problems)
+    assert any(f"fence.path: {root / 'missing'} does not exist" in p for p in problems)
+
+
+def test_config_check_names_a_role_whose_pool_uid_belongs_to_an_account(root: Path) -> None:
+    text = _config_text(root).replace("[server]\n", '[server]\nid_pool = "65534:1"\n')
+    config = _write(root / "t.toml", text)
+    _, problems = config_file.check(config)
+    assert any("belongs to account 'nobody'" in p for p in problems)
 
 
 def test_target_version(root: Path) -> None:

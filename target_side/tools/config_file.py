@@ -20,6 +20,7 @@ from target_side.config import Settings, parse_settings, settings_from
 from target_side.errors import ConfigError, UnsafeFileError
 from target_side.safe_files import read_private, write_atomic
 from target_side.service.auth import token_sha256
+from target_side.tools.identities import identity_problems
 
 
 def check(path: Path) -> tuple[Settings | None, list[str]]:
@@ -46,12 +47,16 @@ def check(path: Path) -> tuple[Settings | None, list[str]]:
     if settings is not None:
         settings = settings.model_copy(update={"config_path": str(path)})
     # The filesystem is checked even when a key is wrong, so one run shows everything.
-    return settings, problems + _path_problems(raw)
+    problems += _path_problems(raw)
+    if settings is not None:
+        problems += identity_problems(settings)
+    return settings, problems
 
 
 def filesystem_problems(settings: Settings) -> list[str]:
-    """What the filesystem says is wrong with otherwise valid settings (missing dirs, open keys)."""
-    return _path_problems(settings.model_dump())
+    """What the filesystem says is wrong with otherwise valid settings (missing dirs, open keys,
+    workspaces out of the roles' reach)."""
+    return _path_problems(settings.model_dump()) + identity_problems(settings)
 
 
 def _path_problems(raw: Mapping[str, Any]) -> list[str]:
