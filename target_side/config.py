@@ -20,11 +20,16 @@ from pydantic_core import ErrorDetails
 from shared.net import is_loopback
 from shared.walk import is_within
 from target_side.errors import ConfigError, UnsafeFileError
+from target_side.policy.managed import KINDS, shape_problems
 from target_side.safe_files import read_private
 
 DEFAULT_FENCE_PATH = "/usr/local/bin:/usr/bin:/bin"
 DEFAULT_ID_POOL = "1900000000:65536"
 """Above the ranges that accounts, subordinate ids and container managers usually take."""
+REPLACED_KEYS = {
+    "shared_ro": "replaced by [roles.NAME.home] credentials, plugins and skills: typed, exact "
+    "entries (see docs/configuration.md)",
+}
 FIXED_KEYS = {
     "fence.backend": 'paddock always runs turns in bubblewrap ("none" is gone); remove the key',
     "fence.on_unavailable": 'a target without a working fence refuses turns ("warn" is gone); '
@@ -121,6 +126,14 @@ class FenceConfig(_Section):
     forbidden: tuple[str, ...] = ()
     protect: tuple[str, ...] = ()
     """Names kept read-only inside writable mounts, on top of the built-in list."""
+    plugin_roots: tuple[str, ...] = ()
+    """Directories whose direct children a role's ``home.plugins`` may name."""
+    skill_roots: tuple[str, ...] = ()
+    """Directories whose direct children a role's ``home.skills`` may name."""
+    plugin_dir: str = ".paddock/plugins"
+    """Where plugins appear, relative to the role's home."""
+    skill_dir: str = ".paddock/skills"
+    """Where skills appear, relative to the role's home."""
     scan_limit: int = Field(default=100_000, gt=0)
     """How many directories of a writable mount are searched for protected names, at most."""
     launcher: str | None = None
@@ -135,14 +148,36 @@ class FenceConfig(_Section):
             _absolute(entry, "fence PATH entry")
         return value
 
-    @field_validator("forbidden", "launcher")
+    @field_validator("forbidden")
     @classmethod
-    def _forbidden_absolute(
-        cls, value: tuple[str, ...] | str | None
-    ) -> tuple[str, ...] | str | None:
-        if value is None or isinstance(value, str):
-            return None if value is None else _absolute(value, "path")
+    def _forbidden_absolute(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(_absolute(p, "forbidden path") for p in value)
+
+    @field_validator("launcher")
+    @classmethod
+    def _launcher_absolute(cls, value: str | None) -> str | None:
+        return None if value is None else _absolute(value, "launcher socket")
+
+    @field_validator("plugin_roots", "skill_roots")
+    @classmethod
+    def _roots_exact(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for root in value:
+            if not root.startswith("/") or posixpath.normpath(root) != root:
+                raise ValueError(f"root {root!r} must be an exact absolute path (no '..', '//')")
+        return value
+
+    @field_validator("plugin_dir", "skill_dir")
+    @classmethod
+    def _place_relative(cls, value: str) -> str:
+        if value.startswith(("/", "..")) or posixpath.normpath(value) != value:
+            raise ValueError(f"{value!r} must be a plain relative path inside the home")
+        return value
+
+    def managed_roots(self, kind: str) -> tuple[str, ...]:
+        return {"plugins": self.plugin_roots, "skills": self.skill_roots}.get(kind, ())
+
+    def managed_place(self, kind: str) -> str:
+        return {"plugins": self.plugin_dir, "skills": self.skill_dir}.get(kind, "")
 
     @field_validator("protect")
     @classmethod
@@ -170,6 +205,14 @@ class RoleLimits(_Section):
     """This role's turns running at once (default: only ``[server] max_turns`` bounds them)."""
 
 
+class RoleHome(_Section):
+    """What the operator hands a role in its home, read-only (``policy.managed``)."""
+
+    credentials: tuple[str, ...] = ()
+    plugins: tuple[str, ...] = ()
+    skills: tuple[str, ...] = ()
+
+
 class RoleConfig(_Section):
     """One role: who may use it (by token hash) and what its turns may touch."""
 
@@ -180,7 +223,7 @@ class RoleConfig(_Section):
     gid: int | None = Field(default=None, gt=0, lt=2**32 - 1)
     """The host gid (default: the same number as the uid)."""
     allow_network: bool = False
-    shared_ro: tuple[str, ...] = ()
+    home: RoleHome = Field(default_factory=lambda: RoleHome())
     limits: RoleLimits = Field(default_factory=RoleLimits)
 
     @field_validator("token_sha256")
@@ -193,7 +236,7 @@ class RoleConfig(_Section):
             )
         return value
 
-    @field_validator("workspaces", "shared_ro")
+    @field_validator("workspaces")
     @classmethod
     def _paths_absolute(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(_absolute(p, "path") for p in value)
@@ -235,6 +278,23 @@ class Settings(_Section):
                         "give each role its own directory, or list the very same one in both "
                         "to share it"
                     )
+        return self
+
+    @model_validator(mode="after")
+    def _managed_entries_exact(self) -> Settings:
+        problems = [
+            f"roles.{name}.home.{problem}"
+            for name, role in self.roles.items()
+            for kind in KINDS
+            for problem in shape_problems(
+                kind,
+                getattr(role.home, kind),
+                self.fence.managed_roots(kind),
+                self.fence.managed_place(kind),
+            )
+        ]
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     @property
@@ -317,6 +377,8 @@ def _describe(error: ErrorDetails) -> str:
     key = ".".join(str(part) for part in error["loc"]) or "(top level)"
     if key in FIXED_KEYS and error["type"] == "literal_error":
         return f"'{key}': {FIXED_KEYS[key]}"
+    if error["type"] == "extra_forbidden" and key.rsplit(".", 1)[-1] in REPLACED_KEYS:
+        return f"'{key}' is {REPLACED_KEYS[key.rsplit('.', 1)[-1]]}"
     if error["type"] == "extra_forbidden":
         return f"unknown key '{key}' (check its spelling against docs/configuration.md)"
     if error["type"] == "missing":

@@ -568,16 +568,3 @@ def test_env_turn_id_is_minted_even_when_the_server_has_one(
     monkeypatch.setenv("PADDOCK_TURN_ID", "t-" + "f" * 32)
     turn, evs = run(c, ["sh", "-c", "echo $PADDOCK_TURN_ID"])
     assert output(evs) == f"{turn.turn_id}\n"
-
-
-def test_shared_ro_entries_layer_over_the_home(tmp_path: Path, ca: trustme.CA) -> None:
-    notes = tmp_path / "team-notes"
-    notes.mkdir()
-    (notes / "readme").write_text("shared\n")
-    settings = make_settings(Path(canonical_path(tmp_path)), ca, shared_ro=(str(notes),))
-    with ServerThread(settings) as server:
-        ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
-        target = Target(server.url, str(tmp_path / "ca.pem"), settings, tmp_path / "ws")
-        with target.client() as c:
-            turn, evs = run(c, ["sh", "-c", "cat $HOME/team-notes/readme"])
-    assert (turn.exit_code, output(evs)) == (0, "shared\n")

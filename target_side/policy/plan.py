@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from shared.wire import Executable, Limits, PlannedLimits, TurnRequest
 from target_side.config import RoleConfig, RoleLimits, Settings
-from target_side.policy import refusals
+from target_side.policy import managed, refusals
 from target_side.policy.environment import build_env
 from target_side.policy.executables import resolve_executable
 from target_side.policy.forbidden import forbidden_for, home_place
@@ -78,9 +78,11 @@ def plan_turn(
         planner.existing("ro", path, f"fs.read[{i}]")
     for i, pair in enumerate(request.secrets):
         planner.secret(pair, f"secrets[{i}]")
-    for i, path in enumerate(role.shared_ro):
-        dest = posixpath.join(home, posixpath.basename(path.rstrip("/")))
-        planner.existing("ro", path, f"roles.shared_ro[{i}]", dest=dest)
+    for entry in managed.entries(role.home, settings.fence):
+        problem = managed.file_problem(entry)
+        if problem is not None:
+            raise refusals.bad_managed_entry(entry.subject, entry.source, problem)
+        planner.existing("ro", entry.source, entry.subject, dest=posixpath.join(home, entry.place))
     audit = _protect(planner, settings)
     env = build_env(
         request.env,

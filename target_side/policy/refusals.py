@@ -71,6 +71,17 @@ def unreachable_for_role(
     )
 
 
+def bad_managed_entry(subject: str, given: str, why: str) -> RefusedError:
+    return _refused(
+        "bad-mount",
+        subject,
+        given,
+        None,
+        f"{why}; the operator must fix the role's home entry (paddock-target config check "
+        "names every one)",
+    )
+
+
 def abnormal_destination(subject: str, given: str) -> RefusedError:
     return _refused(
         "bad-mount",

@@ -18,6 +18,7 @@ import tomlkit
 
 from target_side.config import Settings, parse_settings, settings_from
 from target_side.errors import ConfigError, UnsafeFileError
+from target_side.policy import managed
 from target_side.safe_files import read_private, write_atomic
 from target_side.service.auth import token_sha256
 from target_side.tools.identities import identity_problems
@@ -49,14 +50,28 @@ def check(path: Path) -> tuple[Settings | None, list[str]]:
     # The filesystem is checked even when a key is wrong, so one run shows everything.
     problems += _path_problems(raw)
     if settings is not None:
-        problems += identity_problems(settings)
+        problems += identity_problems(settings) + managed_problems(settings)
     return settings, problems
 
 
 def filesystem_problems(settings: Settings) -> list[str]:
     """What the filesystem says is wrong with otherwise valid settings (missing dirs, open keys,
     workspaces out of the roles' reach)."""
-    return _path_problems(settings.model_dump()) + identity_problems(settings)
+    return (
+        _path_problems(settings.model_dump())
+        + identity_problems(settings)
+        + managed_problems(settings)
+    )
+
+
+def managed_problems(settings: Settings) -> list[str]:
+    """Managed home entries the filesystem does not back (gone, a symlink, the wrong type)."""
+    return [
+        f"roles.{role}.home.{entry.kind}[{entry.index}]: {problem}"
+        for role, config in settings.roles.items()
+        for entry in managed.entries(config.home, settings.fence)
+        if (problem := managed.file_problem(entry)) is not None
+    ]
 
 
 def _path_problems(raw: Mapping[str, Any]) -> list[str]:
