@@ -10,9 +10,10 @@ An operator hands a role three kinds of things to find in its home:
 
 The classification is strict on purpose. An entry's parent is compared with
 its root *literally*, as the text before its last ``/`` (``posixpath.dirname``
-would already drop the second slash of ``ROOT//x``): ``ROOT//x``, ``ROOT/./x`` and ``ROOT/y/../x`` are refused,
-not normalised into acceptance, since normalising first is exactly how an alias
-reaches something the root was meant to bound. No entry, and nothing above it,
+would already drop the second slash of ``ROOT//x``): ``ROOT//x``, ``ROOT/./x``
+and ``ROOT/y/../x`` are refused, not normalised into acceptance, since
+normalising first is exactly how an alias reaches something the root was
+meant to bound. No entry, and nothing above it,
 may be a symlink: the thing named is the thing mounted. Two entries that would
 land on the same name are refused rather than one silently hiding the other.
 """
