@@ -46,6 +46,7 @@ import httpx
 from agent_side.client import DEFAULT_TIMEOUT, TargetClient, pinned_tls_context, tls_context
 from agent_side.errors import AgentError, UsageError
 from agent_side.turns import drive, new_request, output_bytes, sole_role
+from paddock_deploy.protocol import CA_FILE
 from shared.net import is_loopback
 from shared.wire import Event, Health, OutputEvent, Refusal, Turn, TurnRequest
 
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
 
 DEFAULT_SSH_TARGET = "https://127.0.0.1:8443"
 """The target's listener as seen from the SSH server: where ``paddock deploy`` puts it."""
-REMOTE_CA = "/etc/paddock/tls/ca.pem"
+REMOTE_CA = CA_FILE
 """Where ``paddock deploy`` leaves the CA of the certificate it makes (``--config-dir``/tls)."""
 
 CANCEL_WAIT_S = 60.0

@@ -21,6 +21,8 @@ from pydantic import (
     model_validator,
 )
 
+from shared.exit_status import ExitStatus
+
 MAX_ARGV = 4096
 MAX_SCRIPT_BYTES = 512 * 1024
 
@@ -153,7 +155,7 @@ class Refusal(Wire):
     @property
     def exit_code(self) -> int:
         """127 for a program not found on the fence's PATH, 126 for every other refusal."""
-        return 127 if self.rule == "not-found" else 126
+        return ExitStatus.NOT_FOUND if self.rule == "not-found" else ExitStatus.REFUSED
 
 
 class Executable(Wire):

@@ -15,6 +15,8 @@ and holds nothing but the shared vocabulary:
     PASSED_OPTIONS    the script's options that ``paddock deploy`` hands through
     WHEEL_NAME        the wheel file name the script accepts
     certificate_sha256  the fingerprint format of the result's ca_sha256 / cert_sha256
+    CONFIG_DIR, CONFIG_FILE, CA_FILE   where a default deploy puts the target's config and
+                      the CA agents pin (the target's tools default to them too)
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+CONFIG_DIR = "/etc/paddock"
+CONFIG_FILE = f"{CONFIG_DIR}/target.toml"
+CA_FILE = f"{CONFIG_DIR}/tls/ca.pem"
 
 STEPS = (
     "preflight",
@@ -186,7 +192,7 @@ PASSED_OPTIONS = (
     ),
     Option("--prefix", "DIR", "where releases go", default="/opt/paddock", path=True),
     Option("--state-root", "DIR", "the server's state (default /var/lib/paddock)", path=True),
-    Option("--config-dir", "DIR", "config and TLS files", default="/etc/paddock", path=True),
+    Option("--config-dir", "DIR", "config and TLS files", default=CONFIG_DIR, path=True),
     Option("--user", "USER", "the service user (created if missing)", default="paddock"),
     Option(
         "--service",

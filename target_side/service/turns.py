@@ -380,7 +380,7 @@ class TurnManager:
         except Exception:
             log.exception("turn %s: lost track of its process", plan.turn_id)
             running.kill_now()
-            outcome = Outcome(125)
+            outcome = Outcome(ExitStatus.PADDOCK_FAILED)
         for said in await asyncio.to_thread(audit.enforce, plan.audit, plan.turn_id):
             record.spool.append_kept("notice", message=said)
         await self._finish(record, outcome)
@@ -428,7 +428,7 @@ class TurnManager:
 
     def _count_health(self, outcome: Outcome) -> None:
         """Target-made failures count towards ``turns-failing``; only a turn that ran clears it."""
-        target_failed = outcome.exit_code == 125 or (
+        target_failed = outcome.exit_code == ExitStatus.PADDOCK_FAILED or (
             outcome.refusal is not None and outcome.refusal.rule == "backend-unavailable"
         )
         if target_failed:

@@ -9,6 +9,7 @@ import socket
 import sys
 from pathlib import Path
 
+from paddock_deploy.protocol import CONFIG_FILE
 from shared import __version__
 from target_side.config import load_settings
 from target_side.errors import LedgerError, TargetError
@@ -84,8 +85,8 @@ def _parser() -> argparse.ArgumentParser:
     doctor.add_argument(
         "--config",
         type=_absolute,
-        default=Path("/etc/paddock/target.toml"),
-        help="the target's config (default: /etc/paddock/target.toml)",
+        default=Path(CONFIG_FILE),
+        help=f"the target's config (default: {CONFIG_FILE})",
     )
     doctor.add_argument("--json", action="store_true", help="the findings as one JSON object")
     doctor.set_defaults(handler=_doctor)

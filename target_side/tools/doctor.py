@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from paddock_deploy.protocol import CONFIG_FILE
 from shared.walk import canonical_path, mount_conflict
 from target_side.config import Settings
 from target_side.errors import BackendError, RefusedError
@@ -51,7 +52,7 @@ from target_side.policy.plan import host_ids
 from target_side.service.turns import low_water
 from target_side.tools import config_file
 
-DEFAULT_CONFIG = Path("/etc/paddock/target.toml")
+DEFAULT_CONFIG = Path(CONFIG_FILE)
 CERT_RENEW_DAYS = 30
 
 Status = Literal["ok", "degraded", "info"]
