@@ -29,10 +29,11 @@ import sys
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from paddock_deploy.protocol import CONFIG_FILE
 from shared.walk import canonical_path, mount_conflict
+from shared.wire import Health
 from target_side.config import Settings
 from target_side.errors import BackendError, RefusedError
 from target_side.fence import syscall_filter
@@ -76,7 +77,7 @@ class Server:
     pid: int | None = None
     environ: dict[str, str] = field(default_factory=dict)
     url: str | None = None
-    health: dict[str, Any] | None = None
+    health: Health | None = None
     error: str | None = None
 
 
@@ -186,7 +187,7 @@ def _environ(pid: int) -> dict[str, str]:
     return {name: value for name, _, value in pairs}
 
 
-def _get_health(host: str, port: int, cert: str | None) -> dict[str, Any]:
+def _get_health(host: str, port: int, cert: str | None) -> Health:
     conn: http.client.HTTPConnection
     if cert is None:
         conn = http.client.HTTPConnection(host, port, timeout=5)
@@ -205,8 +206,7 @@ def _get_health(host: str, port: int, cert: str | None) -> dict[str, Any]:
         conn.close()
     if response.status != 200:
         raise ValueError(f"/v1/health answered HTTP {response.status}")
-    health: dict[str, Any] = json.loads(body)
-    return health
+    return Health.model_validate_json(body)
 
 
 def _server(server: Server) -> Finding:
@@ -223,13 +223,10 @@ def _server(server: Server) -> Finding:
     health = server.health
     causes = tuple(
         # limits get a finding of their own below, sentence by sentence
-        f"{c.get('cause')}: "
-        + ("see limits below" if c.get("cause") == "limits" else str(c.get("detail")))
-        for c in health.get("causes", [])
+        f"{c.cause}: " + ("see limits below" if c.cause == "limits" else c.detail)
+        for c in health.causes
     )
-    summary = (
-        f"{server.url} answers{pid}: health {health.get('status')}, version {health.get('version')}"
-    )
+    summary = f"{server.url} answers{pid}: health {health.status}, version {health.version}"
     if not causes:
         return Finding("server", "ok", summary)
     return Finding(
@@ -361,7 +358,7 @@ def _limits(server: Server) -> Finding:
             "knows which cgroups it could use; " + always,
             "start the server, then run doctor again",
         )
-    cause = next((c for c in server.health.get("causes", []) if c.get("cause") == "limits"), None)
+    cause = next((c for c in server.health.causes if c.cause == "limits"), None)
     if cause is None:
         return Finding(
             "limits",
@@ -369,7 +366,7 @@ def _limits(server: Server) -> Finding:
             "memory_mb, pids and cpu are enforced per turn by cgroups "
             f"(the server reports no limits cause); {always}",
         )
-    shortfalls = _per_limit(str(cause.get("detail", "")))
+    shortfalls = _per_limit(cause.detail)
     return Finding(
         "limits",
         "degraded",
