@@ -462,8 +462,8 @@ MUTATIONS += (
     Mutation(
         "supplementary-groups-kept",
         "target_side/fence/launch.py",
-        '"group": gid, "extra_groups": []}',
-        '"group": gid}',
+        "        extra_groups=[] if switch else None,",
+        "        extra_groups=None,",
         (f"{HOST_EDGES}::test_identity_files_a_turn_makes_belong_to_its_role",),
     ),
     Mutation(

@@ -310,9 +310,7 @@ async def spawn_as(
     turn's. As the server's own uid nothing is switched (a private target whose
     turns run as its operator, ``[fence] identity = "server"``).
     """
-    switch = {}
-    if (uid, gid) != (os.getuid(), os.getgid()):
-        switch = {"user": uid, "group": gid, "extra_groups": []}
+    switch = (uid, gid) != (os.getuid(), os.getgid())
     return await asyncio.create_subprocess_exec(
         *argv,
         stdin=asyncio.subprocess.PIPE if stdin_open else asyncio.subprocess.DEVNULL,
@@ -323,7 +321,9 @@ async def spawn_as(
         start_new_session=True,  # a Ctrl-C at the server's terminal is not the turn's
         close_fds=True,
         umask=TURN_UMASK,
-        **switch,
+        user=uid if switch else None,
+        group=gid if switch else None,
+        extra_groups=[] if switch else None,
     )
 
 
