@@ -219,11 +219,7 @@ def _pool(name: str, index: _Index, directory: Path) -> Pool:
     if unknown:
         raise UsageError(f"{where}: unknown key {unknown[0]!r} (known: targets); remove it")
     members = table.get("targets")
-    if (
-        not isinstance(members, list)
-        or not members
-        or not all(isinstance(m, str) for m in members)
-    ):
+    if not isinstance(members, list) or not members or not all(isinstance(m, str) for m in members):
         raise UsageError(f'{where}: needs targets = ["NAME", ...], one stored target or more')
     missing = [m for m in members if m not in index.targets]
     if missing:

@@ -249,9 +249,7 @@ def test_killed_logs_follow_resumes_in_attach_with_nothing_lost_or_repeated(
     whole = _all_output(client, turn.turn_id)
     assert b"".join(shown).decode() + attached.stdout.decode() == whole
     # Everything was delivered: the next attach shows nothing more, and still the status.
-    again = subprocess.run(
-        [*CLI, "attach", turn.turn_id], env=env, capture_output=True, timeout=60
-    )
+    again = subprocess.run([*CLI, "attach", turn.turn_id], env=env, capture_output=True, timeout=60)
     assert (again.returncode, again.stdout) == (3, b"")
     replay = subprocess.run(
         [*CLI, "attach", "--from-start", turn.turn_id], env=env, capture_output=True, timeout=60
@@ -273,9 +271,7 @@ def test_killed_run_is_taken_over_by_attach(
         second = _seq_of(client, turn_id, "line 2\n")
         assert wait_until(lambda: _recorded(state, turn_id) == second)
     gated.open(*range(2, LINES + 1))
-    attached = subprocess.run(
-        [*CLI, "attach", turn_id], env=env, capture_output=True, timeout=60
-    )
+    attached = subprocess.run([*CLI, "attach", turn_id], env=env, capture_output=True, timeout=60)
     assert attached.returncode == 3, attached.stderr
     assert b"".join(shown) + attached.stdout == b"".join(
         b"line %d\n" % n for n in range(1, LINES + 1)
