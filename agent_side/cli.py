@@ -170,6 +170,22 @@ def build_parser() -> CommandParser:
     health.add_argument("--json", action="store_true", help="JSON (the only format it has)")
     health.set_defaults(handler=commands.health_command)
 
+    status = subcommands.add_parser(
+        "status",
+        help="check every stored target: each cause (connectivity, offline, tls, auth, "
+        "degraded) with when it began; exit 1 if any is set",
+    )
+    status.add_argument("names", nargs="*", metavar="NAME", help="only these stored targets")
+    status.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds to wait for each target (default 10)",
+    )
+    status.add_argument("--json", action="store_true", help="one JSON object")
+    status.set_defaults(handler=commands.status_command)
+
     add_deploy_parser(subcommands)
     return parser
 

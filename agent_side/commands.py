@@ -31,7 +31,7 @@ from agent_side.streaming import (
     write,
 )
 from agent_side.turns import exit_status
-from agent_side.views import print_plan, print_turns, refusal_sentence, say
+from agent_side.views import print_plan, print_turns, refusal_sentence, say, visible
 from shared.wire import TERMINAL_KINDS
 
 
@@ -151,3 +151,23 @@ def health_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         health = target.health()
     write(sys.stdout, (health.model_dump_json() + "\n").encode())
     return 0 if health.status == "armed" else 1
+
+
+def status_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """``paddock status``: each stored target's causes, with when each began; 1 if any is set."""
+    import json
+
+    from agent_side import status
+
+    if not args.timeout > 0:
+        raise UsageError("--timeout must be a positive number of seconds")
+    statuses = status.check(args.names, environ, timeout_s=args.timeout)
+    if args.json:
+        record = {"targets": [s.as_json() for s in statuses]}
+        write(sys.stdout, (json.dumps(record) + "\n").encode())
+    elif not statuses:
+        say("no stored targets yet: paddock deploy USER@HOST stores one")
+    else:
+        for line in status.table_lines(statuses):
+            write(sys.stdout, (visible(line) + "\n").encode())
+    return 0 if all(s.armed for s in statuses) else 1
