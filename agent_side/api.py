@@ -22,6 +22,11 @@ Over SSH, an HTTPS listener's certificate is checked against ``cacert`` when
 given, else against the CA the target host keeps at ``remote_cacert`` (where
 ``paddock deploy`` puts it), read over the SSH connection already verified.
 
+With ``cursors=CursorStore.for_user(os.environ, url)`` a ``Target`` records,
+per turn, the last event handed to ``on_event`` (once the callback returned),
+as ``paddock run`` does for what it prints; ``attach(turn_id)`` goes on from
+there in a later process, even after this one was killed.
+
 The async flavour runs the same synchronous client on worker threads. paramiko
 is blocking and runs its own thread per connection, so an asyncio network
 backend would still end in blocking channel calls; sharing one implementation
@@ -44,8 +49,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import httpx
 
 from agent_side.client import DEFAULT_TIMEOUT, TargetClient, pinned_tls_context, tls_context
+from agent_side.cursors import Cursor, CursorStore
 from agent_side.errors import AgentError, UsageError
-from agent_side.turns import drive, new_request, output_bytes, sole_role
+from agent_side.turns import Finished, drive, follow_turn, new_request, output_bytes, sole_role
 from paddock_deploy.protocol import CA_FILE
 from shared.net import is_loopback
 from shared.wire import Event, Health, OutputEvent, Refusal, Turn, TurnRequest
@@ -96,10 +102,12 @@ class Target:
         *,
         role: str | None = None,
         ssh: SshConnection | None = None,
+        cursors: CursorStore | None = None,
     ) -> None:
         self._client = client
         self._role = role
         self._ssh = ssh
+        self._cursors = cursors
 
     @classmethod
     def https(
@@ -110,9 +118,11 @@ class Target:
         cacert: str | None = None,
         role: str | None = None,
         timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+        cursors: CursorStore | None = None,
     ) -> Target:
         """The target listening at ``url`` (``https://``, or ``http://`` on loopback only)."""
-        return cls(TargetClient(url, token, cacert=cacert, timeout=timeout), role=role)
+        client = TargetClient(url, token, cacert=cacert, timeout=timeout)
+        return cls(client, role=role, cursors=cursors)
 
     @classmethod
     def ssh(
@@ -131,6 +141,7 @@ class Target:
         use_agent: bool = True,
         timeouts: SshTimeouts | None = None,
         timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+        cursors: CursorStore | None = None,
     ) -> Target:
         """The target whose listener is ``url`` as seen from the SSH server ``destination``.
 
@@ -172,7 +183,7 @@ class Target:
         except BaseException:
             connection.close()
             raise
-        return cls(client, role=role, ssh=connection)
+        return cls(client, role=role, ssh=connection, cursors=cursors)
 
     @property
     def role(self) -> str:
@@ -241,14 +252,39 @@ class Target:
     ) -> RunResult:
         """Run a prepared ``TurnRequest``; ``on_submitted`` gets the turn id once it exists."""
         output = _Collector(on_event)
-        finished = drive(self._client, request, output.event, on_submitted)
-        return RunResult(
-            exit_code=finished.exit_status,
-            stdout=bytes(output.stdout),
-            stderr=bytes(output.stderr),
-            turn=finished.turn,
-            refusal=finished.turn.refusal,
-        )
+
+        def submitted(turn_id: str) -> None:
+            if self._cursors is not None:
+                output.cursor = self._cursors.open(turn_id)
+            if on_submitted is not None:
+                on_submitted(turn_id)
+
+        with output:
+            finished = drive(self._client, request, output.event, submitted)
+        return output.result(finished)
+
+    def attach(
+        self,
+        turn_id: str,
+        *,
+        from_start: bool = False,
+        on_event: Callable[[Event], None] | None = None,
+    ) -> RunResult:
+        """Wait for a turn that already runs, from the last event delivered before.
+
+        With ``cursors``, that is the last event any earlier ``run``, ``attach``
+        or paddock command handed over for this turn; without, or with
+        ``from_start``, the first. ``stdout`` and ``stderr`` hold what this call
+        delivered.
+        """
+        after = 0
+        output = _Collector(on_event)
+        if self._cursors is not None:
+            after = 0 if from_start else self._cursors.last_delivered(turn_id)
+            output.cursor = self._cursors.open(turn_id, start=after)
+        with output:
+            finished = follow_turn(self._client, turn_id, output.event, after=after)
+        return output.result(finished)
 
     def close(self) -> None:
         """Close the HTTP pool, then the SSH connection under it."""
@@ -408,16 +444,37 @@ def _kill_once_submitted(target: Target, submission: _Submission) -> None:
 
 
 class _Collector:
+    """Gathers a turn's output, hands each event on, and records it once handed on."""
+
     def __init__(self, on_event: Callable[[Event], None] | None) -> None:
         self._on_event = on_event
         self.stdout = bytearray()
         self.stderr = bytearray()
+        self.cursor: Cursor | None = None
 
     def event(self, event: Event) -> None:
         if isinstance(event, OutputEvent):
             (self.stdout if event.kind == "stdout" else self.stderr).extend(output_bytes(event))
         if self._on_event is not None:
             self._on_event(event)
+        if self.cursor is not None:
+            self.cursor.delivered(event.seq)
+
+    def result(self, finished: Finished) -> RunResult:
+        return RunResult(
+            exit_code=finished.exit_status,
+            stdout=bytes(self.stdout),
+            stderr=bytes(self.stderr),
+            turn=finished.turn,
+            refusal=finished.turn.refusal,
+        )
+
+    def __enter__(self) -> _Collector:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.cursor is not None:
+            self.cursor.close()
 
 
 def _ssh_tls_context(

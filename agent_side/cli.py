@@ -6,13 +6,15 @@
                 [--local | --ssh USER@HOST[:PORT] [-i KEY] [--known-hosts F] | -t NAME]
                 -- CMD...
     paddock plan    (as run; runs nothing)
-    paddock logs TURN [--follow]     paddock turns [--limit N]     paddock kill TURN
-    paddock health                   paddock deploy USER@HOST[:PORT] ...
+    paddock logs TURN [--follow [--from-start]]     paddock attach TURN [--from-start]
+    paddock turns [--limit N]        paddock kill TURN               paddock health
+    paddock status [NAME ...]        paddock deploy USER@HOST[:PORT] ... | --inventory F
 
 The jobs live in their own modules: ``connection`` (where the target, token,
 CA and role come from, and opening the target), ``request_options`` (the turn
 asked for), ``streaming`` (output, signals and stdin while a turn runs),
-``commands`` (each command's handler) and ``deploy_command``.
+``commands`` (each command's handler), ``cursors`` (what each turn delivered,
+for ``logs --follow`` and ``attach``), ``status`` and ``deploy_command``.
 
 Exit statuses follow DESIGN.md: the command's own 0..123, 124 timed out, 125
 paddock itself failed (a ``paddock: LABEL: ...`` line on stderr and, with
@@ -120,9 +122,27 @@ def build_parser() -> CommandParser:
     _add_target_options(logs)
     _add_token_option(logs)
     logs.add_argument("turn_id", metavar="TURN")
-    logs.add_argument("--follow", "-f", action="store_true", help="follow until the turn ends")
+    logs.add_argument(
+        "--follow",
+        "-f",
+        action="store_true",
+        help="follow until the turn ends, from the last event shown before (by any paddock "
+        "command)",
+    )
+    _add_from_start_option(logs)
     logs.add_argument("--json", action="store_true", help="print events as JSON lines")
     logs.set_defaults(handler=commands.logs_command)
+
+    attach = subcommands.add_parser(
+        "attach",
+        help="go on with a turn where the last paddock command stopped; Ctrl-C goes to the turn",
+    )
+    _add_target_options(attach)
+    _add_token_option(attach)
+    attach.add_argument("turn_id", metavar="TURN")
+    _add_from_start_option(attach)
+    attach.add_argument("--json", action="store_true", help="print events and the turn as JSON")
+    attach.set_defaults(handler=commands.attach_command)
 
     turns = subcommands.add_parser("turns", help="list recent turns of this token's roles")
     _add_target_options(turns)
@@ -149,6 +169,22 @@ def build_parser() -> CommandParser:
     _add_target_options(health)
     health.add_argument("--json", action="store_true", help="JSON (the only format it has)")
     health.set_defaults(handler=commands.health_command)
+
+    status = subcommands.add_parser(
+        "status",
+        help="check every stored target: each cause (connectivity, offline, tls, auth, "
+        "degraded) with when it began; exit 1 if any is set",
+    )
+    status.add_argument("names", nargs="*", metavar="NAME", help="only these stored targets")
+    status.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds to wait for each target (default 10)",
+    )
+    status.add_argument("--json", action="store_true", help="one JSON object")
+    status.set_defaults(handler=commands.status_command)
 
     add_deploy_parser(subcommands)
     return parser
@@ -192,6 +228,14 @@ def _add_target_options(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help=f"with --ssh and no --cacert: the CA file on the SSH host to trust, read over "
         f"SSH (default {REMOTE_CA}, where paddock deploy puts it)",
+    )
+
+
+def _add_from_start_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--from-start",
+        action="store_true",
+        help="show the turn from its first event, whatever was shown before",
     )
 
 

@@ -217,9 +217,13 @@ class TargetClient:
         )
         return self._model(Turn, response, 202)
 
-    def roles(self) -> list[str]:
-        """The roles this token holds, sorted (``GET /v1/roles``)."""
-        response = self._request("GET", "/v1/roles", accept=(404,))
+    def roles(self, token: str | None = None) -> list[str]:
+        """The roles this token (or ``token``) holds, sorted (``GET /v1/roles``).
+
+        ``AuthRejected`` when the target does not accept the token.
+        """
+        headers = None if token is None else {"Authorization": f"Bearer {_checked_token(token)}"}
+        response = self._request("GET", "/v1/roles", headers=headers, accept=(404,))
         if response.status_code == 404:
             raise ProtocolError(
                 "this target does not say which roles a token holds (it has no GET /v1/roles); "

@@ -7,21 +7,32 @@ exit status; paddock's own failures leave as ``AgentError`` for ``cli.main``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Mapping
 
+from agent_side.api import Target
 from agent_side.connection import (
     open_target,
     opened_target,
     refuse_local_for,
     resolve_connection,
 )
+from agent_side.cursors import CursorStore
 from agent_side.errors import UsageError
 from agent_side.request_options import request_options
-from agent_side.streaming import BROKEN_PIPE, Sink, run_turn, with_stdin, write
+from agent_side.streaming import (
+    BROKEN_PIPE,
+    SignalForwarder,
+    Sink,
+    run_turn,
+    with_stdin,
+    write,
+)
 from agent_side.turns import exit_status
-from agent_side.views import print_plan, print_turns, say
+from agent_side.views import print_plan, print_turns, refusal_sentence, say, visible
+from shared.wire import TERMINAL_KINDS
 
 
 def run_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
@@ -29,7 +40,9 @@ def run_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     options = request_options(args, environ, os.getcwd() if args.local else None)
     with opened_target(args, environ) as target:
         request = with_stdin(options.request(target.role), forward=not args.no_stdin)
-        return run_turn(target.client, request, as_json=args.json)
+        # An embedded target ends with this run: nothing could attach to its turns later.
+        cursors = None if args.local else cursor_store(args, environ, target)
+        return run_turn(target.client, request, as_json=args.json, cursors=cursors)
 
 
 def plan_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
@@ -41,25 +54,71 @@ def plan_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 def logs_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    """``paddock logs TURN``: its output so far; with ``--follow``, to its end and status."""
+    """``paddock logs TURN``: its output so far; with ``--follow``, on from the last delivered."""
     refuse_local_for(args, "logs")
     connection = resolve_connection(args, environ)
     with open_target(args, environ, connection) as target:
-        client = target.client
+        if args.follow:
+            return _follow(args, environ, target, forward_signals=False)
+        # A look at the output so far: from its start, leaving the cursor as it is.
         sink = Sink(as_json=args.json)
-        events = (
-            client.follow(args.turn_id) if args.follow else client.events(args.turn_id, wait=0.5)
-        )
-        terminal = None
-        for event in events:
+        for event in target.client.events(args.turn_id, wait=0.5):
             sink.event(event)
             if sink.pipe_broken:
                 return BROKEN_PIPE
-            if event.kind in ("exit", "refused"):
+        return 0
+
+
+def attach_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """``paddock attach TURN``: on from the last event delivered, Ctrl-C to the turn, its status."""
+    refuse_local_for(args, "attach")
+    connection = resolve_connection(args, environ)
+    with open_target(args, environ, connection) as target:
+        return _follow(args, environ, target, forward_signals=True)
+
+
+def _follow(
+    args: argparse.Namespace, environ: Mapping[str, str], target: Target, *, forward_signals: bool
+) -> int:
+    """Follow a turn to its end from its cursor (or its start), recording what is delivered."""
+    client, turn_id = target.client, args.turn_id
+    store = cursor_store(args, environ, target)
+    after = 0 if args.from_start else store.last_delivered(turn_id)
+    if after:
+        say(
+            f"continuing turn {turn_id} after event {after}, which was shown before "
+            "(--from-start shows it all)"
+        )
+    forwarder = SignalForwarder(client)
+    forwarder.attach(turn_id)
+    installed = forwarder.installed() if forward_signals else contextlib.nullcontext()
+    sink = Sink(as_json=args.json, cursor=store.open(turn_id, start=after))
+    terminal = None
+    with installed, sink:
+        for event in client.follow(turn_id, after=after):
+            sink.event(event)
+            if sink.pipe_broken:
+                # Nobody reads on: stop here, leaving the turn be and the rest unrecorded.
+                return BROKEN_PIPE
+            if event.kind in TERMINAL_KINDS:
                 terminal = event
-        if not args.follow:
-            return 0
-        return exit_status(client.turn(args.turn_id), terminal)
+        final = client.turn(turn_id)
+    if final.refusal is not None and not sink.refusal_shown and not after:
+        say(refusal_sentence(final.refusal))
+    sink.turn(final)
+    return exit_status(final, terminal)
+
+
+def cursor_store(
+    args: argparse.Namespace, environ: Mapping[str, str], target: Target
+) -> CursorStore:
+    """This user's cursors for the target the command line names (-t NAME, --ssh, or a URL)."""
+    return CursorStore.for_user(
+        environ,
+        target.client.base_url,
+        name=getattr(args, "target_name", None),
+        ssh=getattr(args, "ssh", None),
+    )
 
 
 def turns_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
@@ -92,3 +151,23 @@ def health_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         health = target.health()
     write(sys.stdout, (health.model_dump_json() + "\n").encode())
     return 0 if health.status == "armed" else 1
+
+
+def status_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """``paddock status``: each stored target's causes, with when each began; 1 if any is set."""
+    import json
+
+    from agent_side import status
+
+    if not args.timeout > 0:
+        raise UsageError("--timeout must be a positive number of seconds")
+    statuses = status.check(args.names, environ, timeout_s=args.timeout)
+    if args.json:
+        record = {"targets": [s.as_json() for s in statuses]}
+        write(sys.stdout, (json.dumps(record) + "\n").encode())
+    elif not statuses:
+        say("no stored targets yet: paddock deploy USER@HOST stores one")
+    else:
+        for line in status.table_lines(statuses):
+            write(sys.stdout, (visible(line) + "\n").encode())
+    return 0 if all(s.armed for s in statuses) else 1

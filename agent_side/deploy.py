@@ -306,15 +306,17 @@ def _upload(
         raise SshFailure(f"uploading to {remote.path} on the target failed: {exc}") from exc
 
 
-def _remove_remote_dir(connection: SshConnection, remote: _RemoteDir) -> None:
+def _remove_remote_dir(connection: SshConnection, remote: _RemoteDir, progress: _Progress) -> None:
     """Remove the uploaded files; reconnects if the link dropped (only this is ever retried)."""
     try:
         status, _, err = _exec(connection.transport(), f"rm -rf -- {shlex.quote(remote.path)}")
     except (AgentError, OSError, paramiko.SSHException, EOFError) as exc:
-        say(f"warning: could not remove {remote.path} on the target ({exc}); remove it by hand")
+        progress.warn(
+            f"warning: could not remove {remote.path} on the target ({exc}); remove it by hand"
+        )
         return
     if status != 0:
-        say(f"warning: could not remove {remote.path} on the target: {err.strip()}")
+        progress.warn(f"warning: could not remove {remote.path} on the target: {err.strip()}")
 
 
 # -- running the script ---------------------------------------------------------------------
@@ -329,22 +331,34 @@ class _Outcome:
     garbled: list[str] = field(default_factory=list)
 
 
+_OUTPUT = threading.Lock()
+"""Hosts deployed side by side write whole lines, one at a time."""
+
+
 class _Progress:
     """Shows what happens: paddock's own stages, then the script's JSON lines as they come
-    (as steps for a person, or passed through with ``--json``)."""
+    (as steps for a person, or passed through with ``--json``). With ``host``, each line
+    says which host it is about (a ``HOST: `` prefix, or ``"host"`` in a JSON line)."""
 
-    def __init__(self, as_json: bool, out: IO[str]) -> None:
+    def __init__(self, as_json: bool, out: IO[str], host: str | None = None) -> None:
         self._as_json = as_json
         self._out = out
+        self._host = host
         self.outcome = _Outcome()
 
     def own(self, text: str) -> None:
         """A stage of paddock's own (connect, build, upload); on stderr with ``--json``, whose
         stdout holds nothing but JSON lines."""
         if self._as_json:
-            say(text)
+            self.warn(text)
         else:
             self._write(text)
+
+    def warn(self, text: str) -> None:
+        """A ``paddock: ...`` line on stderr (naming the host, in a fleet)."""
+        prefix = f"{self._host}: " if self._host is not None else ""
+        with _OUTPUT:
+            say(prefix + text)
 
     def waiting(self, what: str) -> Callable[[float], None]:
         return lambda seconds: self.own(f"  {what}: still running after {seconds:.0f}s")
@@ -356,21 +370,33 @@ class _Progress:
         event = parse_event(text)
         if event is None:
             self.outcome.garbled.append(text)
-            say(f"target: {text}")
+            self.warn(f"target: {text}")
             return
         if self._as_json:
-            self._write(json.dumps(event))
+            shown = event if self._host is None else {"host": self._host, **event}
+            self._write(json.dumps(shown), prefixed=False)
         else:
-            shown = describe(event)
-            if shown is not None:
-                self._write(shown)
+            described = describe(event)
+            if described is not None:
+                self._write(described)
         if event["event"] == "result":
             self.outcome.result = event
 
-    def _write(self, text: str) -> None:
+    def show(self, text: str) -> None:
+        """A line for a person on stdout (after ``visible``, as every line here)."""
+        self._write(text)
+
+    def emit(self, record: Mapping[str, Any]) -> None:
+        """One JSON line of paddock's own on stdout (``--json``)."""
+        shown = record if self._host is None else {"host": self._host, **record}
+        self._write(json.dumps(shown), prefixed=False)
+
+    def _write(self, text: str, *, prefixed: bool = True) -> None:
         # Everything shown came from the target: it must not be able to drive the terminal.
-        self._out.write(visible(text) + "\n")
-        self._out.flush()
+        prefix = f"{self._host}: " if prefixed and self._host is not None else ""
+        with _OUTPUT:
+            self._out.write(prefix + visible(text) + "\n")
+            self._out.flush()
 
 
 def _script_argv(remote: _RemoteDir, wheel: Path, request: DeployRequest) -> list[str]:
@@ -395,7 +421,7 @@ def _run_script(transport: paramiko.Transport, argv: Sequence[str], progress: _P
     try:
         channel.exec_command(shlex.join(argv))
         channel.shutdown_write()
-        relay = threading.Thread(target=_relay_stderr, args=(channel,), daemon=True)
+        relay = threading.Thread(target=_relay_stderr, args=(channel, progress), daemon=True)
         relay.start()
         for raw in channel.makefile("rb"):
             progress.line(raw)
@@ -407,15 +433,41 @@ def _run_script(transport: paramiko.Transport, argv: Sequence[str], progress: _P
         channel.close()
 
 
-def _relay_stderr(channel: paramiko.Channel) -> None:
+def _relay_stderr(channel: paramiko.Channel, progress: _Progress) -> None:
     with contextlib.suppress(OSError, paramiko.SSHException, EOFError, ValueError):
         for raw in channel.makefile_stderr("rb"):
             line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
             if line.strip():
-                say(f"target: {line}")
+                progress.warn(f"target: {line}")
 
 
 # -- the whole command ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    """One host to deploy, checked as far as it can be without the network."""
+
+    request: DeployRequest
+    endpoint: Endpoint
+    options: SshOptions
+    name: str
+    """The name the target is stored under."""
+
+
+def plan_host(request: DeployRequest, passphrase: PassphraseSource | None) -> HostPlan:
+    """Resolve the destination (``~/.ssh/config`` included) and the name it is stored under."""
+    options = SshOptions(
+        identity_files=request.identity_files,
+        known_hosts=request.known_hosts,
+        passphrase=passphrase,
+    )
+    destination = Destination.parse(request.destination)
+    endpoint = resolve(destination, options)
+    name = targets_file.checked_name(request.name or destination.host)
+    if request.route == "https":
+        request = _with_direct_name(request, endpoint)
+    return HostPlan(request, endpoint, options, name)
 
 
 def deploy(
@@ -426,37 +478,53 @@ def deploy(
     Everything that can be checked here is checked first, then the SSH
     connection (host key, login): only then is anything built.
     """
-    options = SshOptions(
-        identity_files=request.identity_files,
-        known_hosts=request.known_hosts,
-        passphrase=passphrase,
-    )
-    destination = Destination.parse(request.destination)
-    endpoint = resolve(destination, options)
-    name = targets_file.checked_name(request.name or destination.host)
-    script = checked_script(request.script) if request.script is not None else None
-    wheel = checked_wheel(request.wheel) if request.wheel is not None else None
-    source = None if wheel is not None else _source_to_build()
-    if request.wheelhouse is not None and not request.wheelhouse.is_dir():
-        raise UsageError(f"--wheelhouse {request.wheelhouse}: no such directory")
-    if request.route == "https":
-        request = _with_direct_name(request, endpoint)
-    progress = _Progress(request.as_json, sys.stdout)
-    connection = SshConnection(endpoint, options)
-    try:
-        progress.own(f"connecting to {endpoint}")
-        connection.connect()
-        progress.own(f"connected to {endpoint}: host key verified, logged in")
-        with tempfile.TemporaryDirectory(prefix="paddock-deploy-") as scratch:
-            files = _files_to_upload(Path(scratch), wheel, source, script, progress)
-            _deploy_over(connection, files, request, progress)
-    except KeyboardInterrupt:
-        # Closing the session makes the script's next progress line fail: it rolls back.
-        say("interrupted: the target rolls back this deploy when it next reports progress")
-        return INTERRUPTED
-    finally:
-        connection.close()
-    return _finish(progress.outcome, request, endpoint, name, environ)
+    plan = plan_host(request, passphrase)
+    with tempfile.TemporaryDirectory(prefix="paddock-deploy-") as scratch:
+        files = SharedFiles.checked(request, Path(scratch))
+        run = HostRun(plan, _Progress(request.as_json, sys.stdout))
+        try:
+            return run.run(files, environ)
+        except KeyboardInterrupt:
+            # Closing the session makes the script's next progress line fail: it rolls back.
+            run.progress.warn(
+                "interrupted: the target rolls back this deploy when it next reports progress"
+            )
+            return INTERRUPTED
+        finally:
+            run.close()
+
+
+class HostRun:
+    """One host's deploy: connect, the shared files, upload and run the script, store it.
+
+    ``phase`` says how far it got, so that a failure of paddock's own (125) can
+    be told apart: connect, build, upload, script, store.
+    """
+
+    def __init__(self, plan: HostPlan, progress: _Progress) -> None:
+        self.plan = plan
+        self.progress = progress
+        self.phase = "connect"
+        self.connection = SshConnection(plan.endpoint, plan.options)
+
+    def run(self, files: SharedFiles, environ: Mapping[str, str]) -> int:
+        plan, progress = self.plan, self.progress
+        progress.own(f"connecting to {plan.endpoint}")
+        self.connection.connect()
+        progress.own(f"connected to {plan.endpoint}: host key verified, logged in")
+        self.phase = "build"
+        upload = files.get(progress)
+        self.phase = "upload"
+        _deploy_over(self.connection, upload, plan.request, progress, self._script_started)
+        self.phase = "store"
+        return _finish(progress.outcome, plan.request, plan.endpoint, plan.name, environ, progress)
+
+    def _script_started(self) -> None:
+        self.phase = "script"
+
+    def close(self) -> None:
+        """Close the SSH connection (from any thread: a running script then rolls back)."""
+        self.connection.close()
 
 
 def _source_to_build() -> Path:
@@ -475,27 +543,66 @@ class _Upload:
         return {self.wheel.name: self.wheel, ARCHIVE_NAME: self.script}
 
 
-def _files_to_upload(
-    scratch: Path,
-    wheel: Path | None,
-    source: Path | None,
-    script: Path | None,
-    progress: _Progress,
-) -> _Upload:
-    """The wheel (built from ``source`` unless given) and the deploy script's zipapp."""
-    if wheel is None:
-        if source is None:
-            raise UsageError("give --wheel PATH, or run paddock from a checkout")
-        progress.own(f"building the paddock wheel from {source}")
-        started = time.monotonic()
-        wheel = build_wheel(source, scratch / "dist", progress.waiting("building the wheel"))
-        digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
-        progress.own(
-            f"built {wheel.name} (sha256 {digest[:12]}) in {time.monotonic() - started:.1f}s"
-        )
-    if script is None:
-        script = build_archive(scratch / ARCHIVE_NAME)
-    return _Upload(wheel, script)
+class SharedFiles:
+    """The wheel and the deploy script, made once (by the first host to need them) for all.
+
+    The same sources build the same wheel byte for byte, so one build serves
+    every host, and each host whose release is that wheel has nothing to do.
+    A build that failed fails every host that asks, with the same error.
+    """
+
+    def __init__(
+        self, scratch: Path, wheel: Path | None, source: Path | None, script: Path | None
+    ) -> None:
+        self._scratch = scratch
+        self._wheel = wheel
+        self._source = source
+        self._script = script
+        self._lock = threading.Lock()
+        self._made: _Upload | None = None
+        self._failed: BaseException | None = None
+        self.builds = 0
+
+    @classmethod
+    def checked(cls, request: DeployRequest, scratch: Path) -> SharedFiles:
+        """``--wheel``, ``--script`` and ``--wheelhouse`` checked; this checkout when no wheel."""
+        script = checked_script(request.script) if request.script is not None else None
+        wheel = checked_wheel(request.wheel) if request.wheel is not None else None
+        source = None if wheel is not None else _source_to_build()
+        if request.wheelhouse is not None and not request.wheelhouse.is_dir():
+            raise UsageError(f"--wheelhouse {request.wheelhouse}: no such directory")
+        return cls(scratch, wheel, source, script)
+
+    def get(self, progress: _Progress) -> _Upload:
+        with self._lock:
+            if self._failed is not None:
+                raise DeployFailed(f"the shared build failed: {self._failed}")
+            if self._made is None:
+                try:
+                    self._made = self._make(progress)
+                except (AgentError, OSError) as exc:
+                    self._failed = exc
+                    raise
+            return self._made
+
+    def _make(self, progress: _Progress) -> _Upload:
+        wheel, source, script = self._wheel, self._source, self._script
+        if wheel is None:
+            if source is None:
+                raise UsageError("give --wheel PATH, or run paddock from a checkout")
+            progress.own(f"building the paddock wheel from {source}")
+            started = time.monotonic()
+            wheel = build_wheel(
+                source, self._scratch / "dist", progress.waiting("building the wheel")
+            )
+            self.builds += 1
+            digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+            progress.own(
+                f"built {wheel.name} (sha256 {digest[:12]}) in {time.monotonic() - started:.1f}s"
+            )
+        if script is None:
+            script = build_archive(self._scratch / ARCHIVE_NAME)
+        return _Upload(wheel, script)
 
 
 def _with_direct_name(request: DeployRequest, endpoint: Endpoint) -> DeployRequest:
@@ -517,6 +624,7 @@ def _deploy_over(
     files: _Upload,
     request: DeployRequest,
     progress: _Progress,
+    script_started: Callable[[], None] = lambda: None,
 ) -> None:
     transport = connection.transport()
     try:
@@ -526,13 +634,14 @@ def _deploy_over(
     try:
         progress.own(f"uploading {files.wheel.name} and {ARCHIVE_NAME} to {remote.path}")
         _upload(transport, remote, files.by_remote_name(), request.wheelhouse)
+        script_started()
         try:
             _run_script(transport, _script_argv(remote, files.wheel, request), progress)
         except (OSError, paramiko.SSHException, EOFError) as exc:
             # The result may have arrived before the session ended: _finish decides on it.
-            say(f"the deploy session ended early: {exc}")
+            progress.warn(f"the deploy session ended early: {exc}")
     finally:
-        _remove_remote_dir(connection, remote)
+        _remove_remote_dir(connection, remote, progress)
 
 
 def _finish(
@@ -541,12 +650,14 @@ def _finish(
     endpoint: Endpoint,
     name: str,
     environ: Mapping[str, str],
+    progress: _Progress | None = None,
 ) -> int:
+    shown = progress if progress is not None else _Progress(request.as_json, sys.stdout)
     result = outcome.result
     if result is None:
-        return _no_result(outcome)
+        return _no_result(outcome, shown)
     if not result.get("ok"):
-        return _failed(result, outcome.status)
+        return _failed(result, outcome.status, shown)
     try:
         entry = stored_entry(request, result, endpoint, name)
         saved = targets_file.save(
@@ -556,19 +667,19 @@ def _finish(
             environ=environ,
         )
     except (AgentError, OSError) as exc:
-        return _not_saved(result, exc, request.as_json)
-    _report(result, saved, request.as_json)
+        return _not_saved(result, exc, request.as_json, shown)
+    _report(result, saved, request.as_json, shown)
     return 0
 
 
-def _no_result(outcome: _Outcome) -> int:
+def _no_result(outcome: _Outcome, progress: _Progress) -> int:
     if outcome.status is None:
-        say(
+        progress.warn(
             "the connection to the target dropped before the deploy's result arrived; "
             "the script rolls back when it cannot deliver it. Re-run paddock deploy"
         )
         return int(ExitStatus.PADDOCK_FAILED)
-    say(
+    progress.warn(
         f"paddock-deploy ended with status {outcome.status} and no result "
         "(anything it said on stderr is above, as 'target:')"
     )
@@ -576,17 +687,17 @@ def _no_result(outcome: _Outcome) -> int:
     return Exit.REFUSED if outcome.status == Exit.REFUSED else int(ExitStatus.PADDOCK_FAILED)
 
 
-def _failed(result: Mapping[str, Any], status: int | None) -> int:
+def _failed(result: Mapping[str, Any], status: int | None, progress: _Progress) -> int:
     step = result.get("failed_step")
     error = visible(str(result.get("error")))
     summary = visible(str(result.get("summary")))
     where = f"at step {step}" if step else "before any step"
     if result.get("rollback_problems"):
-        say(f"DEPLOY FAILED {where} AND ITS ROLLBACK IS INCOMPLETE: {error}")
-        say(f"the target host needs a look: {summary}")
+        progress.warn(f"DEPLOY FAILED {where} AND ITS ROLLBACK IS INCOMPLETE: {error}")
+        progress.warn(f"the target host needs a look: {summary}")
     else:
-        say(f"deploy failed {where}: {error}")
-        say(summary)
+        progress.warn(f"deploy failed {where}: {error}")
+        progress.warn(summary)
     if status in (Exit.ROLLED_BACK, Exit.REFUSED, Exit.ROLLBACK_INCOMPLETE):
         return int(status)
     # No status (the link dropped after the result): the result says which one it was.
@@ -661,7 +772,9 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def _report(result: Mapping[str, Any], saved: targets_file.Saved, as_json: bool) -> None:
+def _report(
+    result: Mapping[str, Any], saved: targets_file.Saved, as_json: bool, progress: _Progress
+) -> None:
     entry = saved.entry
     if as_json:
         stored = {
@@ -673,10 +786,10 @@ def _report(result: Mapping[str, Any], saved: targets_file.Saved, as_json: bool)
             "ssh": entry.ssh,
             "token_files": {role: str(path) for role, path in saved.new_token_files.items()},
         }
-        print(json.dumps(stored), flush=True)
+        progress.emit(stored)
         return
     for line in summary_lines(result, saved):
-        print(visible(line), flush=True)
+        progress.show(line)
 
 
 def summary_lines(result: Mapping[str, Any], saved: targets_file.Saved) -> list[str]:
@@ -712,14 +825,16 @@ def summary_lines(result: Mapping[str, Any], saved: targets_file.Saved) -> list[
     return lines
 
 
-def _not_saved(result: Mapping[str, Any], exc: BaseException, as_json: bool) -> int:
-    say(f"the deploy succeeded, but the target could not be stored: {exc}")
+def _not_saved(
+    result: Mapping[str, Any], exc: BaseException, as_json: bool, progress: _Progress
+) -> int:
+    progress.warn(f"the deploy succeeded, but the target could not be stored: {exc}")
     tokens = result.get("tokens") or {}
     if tokens and not as_json:  # with --json they were in the result line already
         # The target keeps only their hashes: shown now, or lost for good.
-        say("the new tokens exist nowhere else; they are shown once, on stdout:")
+        progress.warn("the new tokens exist nowhere else; they are shown once, on stdout:")
         for role, token in tokens.items():
-            print(f"token for role {visible(str(role))}: {visible(str(token))}", flush=True)
+            progress.show(f"token for role {role}: {token}")
     return int(ExitStatus.PADDOCK_FAILED)
 
 

@@ -1,4 +1,5 @@
-"""``paddock deploy``'s command line: its options, and handing them to ``agent_side.deploy``."""
+"""``paddock deploy``'s command line: its options, and handing them to ``agent_side.deploy``
+(one host) or ``agent_side.fleet`` (several, or an inventory)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,27 @@ if TYPE_CHECKING:
 def add_deploy_parser(commands: argparse._SubParsersAction[CommandParser]) -> None:
     deploy = commands.add_parser(
         "deploy",
-        help="install or upgrade a target over SSH, and store it for -t NAME",
+        help="install or upgrade targets over SSH, and store each for -t NAME",
         description="Upload this paddock and its deploy script over SSH, run it as root, "
-        "and store the target (route, tokens, pinned CA) under NAME for 'paddock run -t NAME'.",
+        "and store the target (route, tokens, pinned CA) under NAME for 'paddock run -t NAME'. "
+        "Several hosts (or --inventory) are deployed side by side, with a summary at the end.",
     )
-    deploy.add_argument("destination", metavar="USER@HOST[:PORT]")
+    deploy.add_argument(
+        "destinations", nargs="*", metavar="USER@HOST[:PORT]", help="the hosts to deploy"
+    )
+    deploy.add_argument(
+        "--inventory",
+        type=Path,
+        metavar="FILE",
+        help="TOML: [hosts.NAME] tables (ssh = ..., and any option below), [defaults] for all",
+    )
+    deploy.add_argument(
+        "--parallel",
+        type=int,
+        default=4,
+        metavar="N",
+        help="deploy at most N hosts at once (default 4)",
+    )
     deploy.add_argument(
         "--role",
         action="append",
@@ -40,7 +57,6 @@ def add_deploy_parser(commands: argparse._SubParsersAction[CommandParser]) -> No
     deploy.add_argument(
         "--route",
         choices=("ssh", "https"),
-        default="ssh",
         help="how -t NAME reaches it: through SSH (default) or straight over HTTPS",
     )
     deploy.add_argument("--url", help="with --route https: the listener's URL as seen from here")
@@ -61,7 +77,6 @@ def add_deploy_parser(commands: argparse._SubParsersAction[CommandParser]) -> No
     )
     deploy.add_argument(
         "--python",
-        default="python3",
         metavar="P",
         help="the target's Python (3.11+) to run it with, e.g. /usr/bin/python3 "
         "(default: python3 on the login's PATH); the service user must be able to run it",
@@ -82,25 +97,32 @@ def add_deploy_parser(commands: argparse._SubParsersAction[CommandParser]) -> No
 
 
 def deploy_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    """``paddock deploy``: the target's own exit status (0..3), or 125 if paddock failed."""
-    from agent_side.deploy import DeployRequest, deploy, passed_options, script_options
+    """``paddock deploy``: the worst host's exit status (0..3), or 125 if paddock failed."""
+    from agent_side.fleet import Shared, deploy_fleet, requests_for
 
     if args.url is not None and args.route != "https":
         raise UsageError("--url names a direct route: give --route https too")
-    pairs = passed_options(vars(args))
-    request = DeployRequest(
-        destination=args.destination,
-        roles=tuple(args.role),
-        identity_files=tuple(args.identity),
-        known_hosts=tuple(args.known_hosts),
-        script_options=script_options(pairs, args.fail_at),
+    requests = requests_for(
+        args.destinations,
+        args.inventory,
+        given_options(args),
+        Shared(wheel=args.wheel, wheelhouse=args.wheelhouse, script=args.script, as_json=args.json),
         name=args.name,
-        route=args.route,
-        url=args.url,
-        wheel=args.wheel,
-        wheelhouse=args.wheelhouse,
-        script=args.script,
-        python=args.python,
-        as_json=args.json,
     )
-    return deploy(request, environ, ssh_passphrase(environ))
+    return deploy_fleet(requests, environ, ssh_passphrase(environ), parallel=args.parallel)
+
+
+def given_options(args: argparse.Namespace) -> dict[str, object]:
+    """The per-host options given on the command line, by their inventory key."""
+    given: dict[str, object] = {
+        "role": args.role,
+        "identity": args.identity,
+        "known-hosts": args.known_hosts,
+        "route": args.route,
+        "url": args.url,
+        "python": args.python,
+        "fail-at": args.fail_at,
+    }
+    for option in PASSED_OPTIONS:
+        given[option.flag.removeprefix("--")] = getattr(args, option.dest)
+    return {key: value for key, value in given.items() if value not in (None, [])}

@@ -1,6 +1,7 @@
 """``paddock run`` while the turn runs: its output, our signals, our stdin, a closed pipe.
 
-    Sink              writes each event as it arrives: raw bytes to stdout/stderr, or JSON lines
+    Sink              writes each event as it arrives: raw bytes to stdout/stderr, or JSON lines,
+                      and records it in the turn's cursor once written (agent_side.cursors)
     SignalForwarder   Ctrl-C sends INT, a second KILL, a third stops waiting;
                       TERM (a supervisor stopping us) sends KILL, a second stops waiting
     StdinFeeder       copies our stdin to the turn's when it is a pipe or a file
@@ -22,6 +23,7 @@ from types import FrameType
 from typing import TextIO
 
 from agent_side.client import TargetClient
+from agent_side.cursors import Cursor, CursorStore
 from agent_side.errors import AgentError
 from agent_side.turns import drive, output_bytes
 from agent_side.views import refusal_sentence, say
@@ -43,18 +45,30 @@ class StopWaiting(KeyboardInterrupt):
         self.status = status
 
 
-def run_turn(client: TargetClient, request: TurnRequest, *, as_json: bool) -> int:
-    """Run ``request`` on the target and return the status ``paddock run`` exits with."""
+def run_turn(
+    client: TargetClient,
+    request: TurnRequest,
+    *,
+    as_json: bool,
+    cursors: CursorStore | None = None,
+) -> int:
+    """Run ``request`` on the target and return the status ``paddock run`` exits with.
+
+    With ``cursors``, what reaches our stdout and stderr is recorded, so that
+    ``paddock attach TURN`` goes on from there if this process is killed.
+    """
     forwarder = SignalForwarder(client)
     feeder = StdinFeeder(client) if request.stdin == "open" else None
+    sink = Sink(as_json=as_json, on_broken_pipe=lambda: forwarder.send("TERM", quiet=True))
 
     def submitted(turn_id: str) -> None:
+        if cursors is not None:
+            sink.cursor = cursors.open(turn_id)
         forwarder.attach(turn_id)
         if feeder is not None:
             feeder.start(turn_id)
 
-    with forwarder.installed():
-        sink = Sink(as_json=as_json, on_broken_pipe=lambda: forwarder.send("TERM", quiet=True))
+    with forwarder.installed(), sink:
         finished = drive(client, request, sink.event, on_submitted=submitted)
     final = finished.turn
     if final.refusal is not None and not sink.refusal_shown:
@@ -99,16 +113,39 @@ def _stdin_is_terminal() -> bool:
 
 
 class Sink:
-    """Writes events as they arrive: raw bytes to stdout/stderr, or JSON lines."""
+    """Writes events as they arrive: raw bytes to stdout/stderr, or JSON lines.
 
-    def __init__(self, *, as_json: bool, on_broken_pipe: Callable[[], None] = lambda: None) -> None:
+    An event is recorded in ``cursor`` only once its write has returned, flushed:
+    never one the user did not get. Use as a context manager to close the cursor.
+    """
+
+    def __init__(
+        self,
+        *,
+        as_json: bool,
+        on_broken_pipe: Callable[[], None] = lambda: None,
+        cursor: Cursor | None = None,
+    ) -> None:
         self._as_json = as_json
         self._on_broken_pipe = on_broken_pipe
         self.pipe_broken = False
         """Whoever read our stdout has gone; nothing more is written there."""
         self.refusal_shown = False
+        self.cursor = cursor
+
+    def __enter__(self) -> Sink:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.cursor is not None:
+            self.cursor.close()
 
     def event(self, event: Event) -> None:
+        self._show(event)
+        if self.cursor is not None and not self.pipe_broken:
+            self.cursor.delivered(event.seq)
+
+    def _show(self, event: Event) -> None:
         if event.kind == "refused":
             say(refusal_sentence(event.refusal))
             self.refusal_shown = True

@@ -22,6 +22,12 @@
     [targets."build-host".tokens]
     builder = "targets/build-host/token-builder"
 
+    [pools.ci]                             # a named list of stored targets
+    targets = ["build-host", "build-2"]    # each must be a [targets.NAME] above
+
+Pools are written by hand for now and kept as they are when ``paddock deploy``
+rewrites the file; ``paddock run -t POOL`` will send a turn to one of them.
+
 Every file is written whole to a temporary name beside it and renamed over the
 old one, so a crash leaves the old file or the new one, never half of either.
 A key this module does not know is an error that names it: a misspelt
@@ -30,18 +36,15 @@ A key this module does not know is an error that names it: a misspelt
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import os
 import re
-import tempfile
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from agent_side.errors import UsageError
+from agent_side.user_files import config_dir, locked, private_dir, write_private
 from paddock_deploy.protocol import certificate_sha256
 
 INDEX_NAME = "targets.toml"
@@ -65,6 +68,8 @@ ENTRY_KEYS = frozenset(
     }
 )
 """The keys a ``[targets.NAME]`` table may hold."""
+POOL_KEYS = frozenset({"targets"})
+"""The keys a ``[pools.NAME]`` table may hold."""
 _HEADER = (
     "# paddock's targets, written by `paddock deploy`; `paddock run -t NAME` reads them.\n"
     "# Tokens and CA certificates are in the files named here, each 0600.\n"
@@ -119,15 +124,6 @@ class StoredTarget:
         return str(self.ca_file)
 
 
-def config_dir(environ: Mapping[str, str]) -> Path:
-    """``$XDG_CONFIG_HOME/paddock``, else ``~/.config/paddock`` (XDG: only absolute paths count)."""
-    xdg = environ.get("XDG_CONFIG_HOME", "")
-    if os.path.isabs(xdg):
-        return Path(xdg) / "paddock"
-    home = environ.get("HOME") or os.path.expanduser("~")
-    return Path(home) / ".config" / "paddock"
-
-
 def checked_name(name: str) -> str:
     if not NAME.fullmatch(name):
         raise UsageError(
@@ -151,7 +147,7 @@ def fingerprint(pem: str) -> str:
 def load(name: str, environ: Mapping[str, str]) -> StoredTarget:
     """The entry ``name``; a ``UsageError`` listing the stored names when there is none."""
     directory = config_dir(environ)
-    entries = _read_index(directory)
+    entries = _read_index(directory).targets
     table = entries.get(name)
     if table is None:
         known = ", ".join(sorted(entries)) or "none yet"
@@ -162,21 +158,79 @@ def load(name: str, environ: Mapping[str, str]) -> StoredTarget:
     return _entry(name, table, directory)
 
 
-def _read_index(directory: Path) -> dict[str, Any]:
+def load_all(environ: Mapping[str, str]) -> list[StoredTarget]:
+    """Every stored target, by name; an entry that does not parse is a ``UsageError`` naming it."""
+    directory = config_dir(environ)
+    entries = _read_index(directory).targets
+    return [_entry(name, entries[name], directory) for name in sorted(entries)]
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A ``[pools.NAME]`` table: a named list of stored targets."""
+
+    name: str
+    targets: tuple[str, ...]
+
+
+def load_pools(environ: Mapping[str, str]) -> list[Pool]:
+    """Every pool, each checked: known keys only, and members that are stored targets."""
+    directory = config_dir(environ)
+    index = _read_index(directory)
+    return [_pool(name, index, directory) for name in sorted(index.pools)]
+
+
+@dataclass(frozen=True)
+class _Index:
+    """``targets.toml`` as parsed: the raw ``[targets]`` and ``[pools]`` tables."""
+
+    targets: dict[str, Any]
+    pools: dict[str, Any]
+
+
+def _read_index(directory: Path) -> _Index:
     path = directory / INDEX_NAME
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        return {}
+        return _Index({}, {})
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise UsageError(f"cannot read {path}: {exc}") from exc
-    unknown = sorted(set(data) - {"targets"})
+    unknown = sorted(set(data) - {"targets", "pools"})
     if unknown:
-        raise UsageError(f"{path}: unknown key {unknown[0]!r}; only [targets.NAME] tables belong")
-    targets = data.get("targets", {})
-    if not isinstance(targets, dict):
-        raise UsageError(f"{path}: 'targets' must be a table")
-    return targets
+        raise UsageError(
+            f"{path}: unknown key {unknown[0]!r}; only [targets.NAME] and [pools.NAME] "
+            "tables belong"
+        )
+    tables = {}
+    for key in ("targets", "pools"):
+        tables[key] = data.get(key, {})
+        if not isinstance(tables[key], dict):
+            raise UsageError(f"{path}: {key!r} must be a table")
+    return _Index(tables["targets"], tables["pools"])
+
+
+def _pool(name: str, index: _Index, directory: Path) -> Pool:
+    where = f"{directory / INDEX_NAME} [pools.{name}]"
+    table = index.pools[name]
+    if not isinstance(table, dict):
+        raise UsageError(f"{where} is not a table")
+    unknown = sorted(set(table) - POOL_KEYS)
+    if unknown:
+        raise UsageError(f"{where}: unknown key {unknown[0]!r} (known: targets); remove it")
+    members = table.get("targets")
+    if not isinstance(members, list) or not members or not all(isinstance(m, str) for m in members):
+        raise UsageError(f'{where}: needs targets = ["NAME", ...], one stored target or more')
+    missing = [m for m in members if m not in index.targets]
+    if missing:
+        raise UsageError(
+            f"{where}: {missing[0]!r} is not a stored target; deploy it, or remove it from the pool"
+        )
+    if len(set(members)) != len(members):
+        raise UsageError(f"{where}: a target is listed twice; list each once")
+    if name in index.targets:
+        raise UsageError(f"{where}: a target is named {name!r} too; -t NAME must mean one thing")
+    return Pool(name, tuple(members))
 
 
 def _entry(name: str, table: Any, directory: Path) -> StoredTarget:
@@ -254,15 +308,16 @@ def save(
     Tokens of an entry that named another install (a different CA or
     certificate) would never work again, so they are dropped, and said so.
     """
-    directory = _private_dir(config_dir(environ))
+    directory = private_dir(config_dir(environ))
     checked_name(entry.name)
-    with _locked(directory):
-        entries = _read_index(directory)
+    with locked(directory, ".targets.lock"):
+        index = _read_index(directory)
+        entries = index.targets
         old = _entry(entry.name, entries[entry.name], directory) if entry.name in entries else None
         same_install = old is not None and _pin(old) == _pin(entry)
         kept = dict(old.tokens) if old is not None and same_install else {}
         dropped = tuple(sorted(old.tokens)) if old is not None and not same_install else ()
-        own = _private_dir(_private_dir(directory / "targets") / entry.name)
+        own = private_dir(private_dir(directory / "targets") / entry.name)
         written = {role: own / f"token-{role}" for role in tokens}
         for role, token in tokens.items():
             write_private(written[role], token + "\n")
@@ -277,7 +332,8 @@ def save(
             default_role=entry.default_role or (old.default_role if old else None),
         )
         entries[entry.name] = _table(stored, directory)
-        write_private(directory / INDEX_NAME, _render(entries))
+        # Pools are the user's own writing: kept as they are.
+        write_private(directory / INDEX_NAME, _render(entries, index.pools))
     return Saved(stored, directory / INDEX_NAME, written, dropped)
 
 
@@ -307,7 +363,7 @@ def _table(entry: StoredTarget, directory: Path) -> dict[str, Any]:
     return table
 
 
-def _render(entries: Mapping[str, Any]) -> str:
+def _render(entries: Mapping[str, Any], pools: Mapping[str, Any]) -> str:
     import tomlkit  # only when writing: reading stays on the standard library's tomllib
 
     document = tomlkit.document()
@@ -317,44 +373,9 @@ def _render(entries: Mapping[str, Any]) -> str:
     for name in sorted(entries):
         targets.add(name, entries[name])
     document.add("targets", targets)
+    if pools:
+        tables = tomlkit.table(is_super_table=True)
+        for name in sorted(pools):
+            tables.add(name, pools[name])
+        document.add("pools", tables)
     return tomlkit.dumps(document)
-
-
-def _private_dir(path: Path) -> Path:
-    """``path`` as a directory only its owner can enter (created, or tightened, to 0700)."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if path.stat().st_mode & 0o077:
-        # It holds tokens: whatever made it wider, nobody else may list or enter it.
-        path.chmod(0o700)
-    return path
-
-
-def write_private(path: Path, text: str) -> None:
-    """Write ``path`` atomically, 0600 from its creation, and make the rename durable."""
-    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-@contextlib.contextmanager
-def _locked(directory: Path) -> Iterator[None]:
-    """One writer at a time: two deploys finishing together must not lose an entry."""
-    fd = os.open(directory / ".targets.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)

@@ -2,7 +2,8 @@
 
 ``drive`` submits with an idempotency key, follows the event stream to its
 terminal event (resuming by cursor through dropped connections), and reads the
-turn's final state; ``exit_status`` turns that into DESIGN.md's status;
+turn's final state; ``follow_turn`` does the same for a turn that exists,
+after a given event (``paddock attach``); ``exit_status`` turns that into DESIGN.md's status;
 ``sole_role`` is the role a request runs as when none is named. Both callers go
 through here, so ``paddock run`` and ``Target.run`` cannot disagree.
 """
@@ -74,13 +75,24 @@ def drive(
     turn = client.submit(request, idempotency_key=str(uuid.uuid4()))
     if on_submitted is not None:
         on_submitted(turn.turn_id)
-    terminal: Event | None = None
     # Followed even when refused at submission: the stream carries its refused event.
-    for event in client.follow(turn.turn_id):
+    return follow_turn(client, turn.turn_id, on_event)
+
+
+def follow_turn(
+    client: TargetClient, turn_id: str, on_event: Callable[[Event], None], after: int = 0
+) -> Finished:
+    """Hand each event after ``after`` to ``on_event`` exactly once, to the turn's end.
+
+    When every event was delivered before (``after`` is the terminal one), none
+    comes, and the status is the finished turn's own.
+    """
+    terminal: Event | None = None
+    for event in client.follow(turn_id, after=after):
         on_event(event)
         if event.kind in TERMINAL_KINDS:
             terminal = event
-    return Finished(client.turn(turn.turn_id), terminal)
+    return Finished(client.turn(turn_id), terminal)
 
 
 def exit_status(final: Turn, terminal: Event | None) -> int:

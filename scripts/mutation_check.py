@@ -433,6 +433,71 @@ MUTATIONS = (
             "tests/test_deploy_supervisor.py::test_supervisor_refuses_settings_others_could_have_written",
         ),
     ),
+    Mutation(
+        "cursor-recorded-before-delivery",
+        "agent_side/streaming.py",
+        "        self._show(event)\n        if self.cursor is not None and not self.pipe_broken:\n            self.cursor.delivered(event.seq)",
+        "        if self.cursor is not None:\n            self.cursor.delivered(event.seq)\n        self._show(event)",
+        (
+            "tests/test_cursors.py::test_logs_follow_into_a_closed_pipe_records_nothing_it_could_not_write",
+        ),
+    ),
+    Mutation(
+        "cursor-not-resumed",
+        "agent_side/commands.py",
+        "    after = 0 if args.from_start else store.last_delivered(turn_id)",
+        "    after = 0",
+        ("tests/test_cursors.py -k killed_logs_follow",),
+    ),
+    Mutation(
+        "user-files-not-private",
+        "agent_side/user_files.py",
+        "    path.mkdir(mode=0o700, parents=True, exist_ok=True)\n    if path.stat().st_mode & 0o077:",
+        "    path.mkdir(mode=0o755, parents=True, exist_ok=True)\n    if False:",
+        ("tests/test_cursors.py::test_cursor_store_is_private_and_written_whole",),
+    ),
+    Mutation(
+        "status-health-poll-clears-auth",
+        "agent_side/status.py",
+        "        if cleared not in seen.failures:\n            causes.pop(cleared, None)",
+        '        if cleared not in seen.failures:\n            causes.pop(cleared, None)\n            causes.pop("auth", None)',
+        ("tests/test_status.py -k never_clears_auth or wrong_token",),
+    ),
+    Mutation(
+        "status-cause-start-rewritten",
+        "agent_side/status.py",
+        "        since = causes[cause].since if cause in causes else at",
+        "        since = at",
+        ("tests/test_status.py -k keeps_the_time or wrong_token",),
+    ),
+    Mutation(
+        "k8s-privilege-escalation",
+        "deploy/kubernetes/daemonset.yaml",
+        "            allowPrivilegeEscalation: false # no_new_privs",
+        "            allowPrivilegeEscalation: true # no_new_privs",
+        ("tests/test_kubernetes.py -k privileged",),
+    ),
+    Mutation(
+        "k8s-init-adds-sys-admin",
+        "deploy/kubernetes/deployment.yaml",
+        '              add: ["CHOWN", "FOWNER", "DAC_OVERRIDE"]',
+        '              add: ["CHOWN", "FOWNER", "DAC_OVERRIDE", "SYS_ADMIN"]',
+        ("tests/test_kubernetes.py -k init_adds_back",),
+    ),
+    Mutation(
+        "k8s-server-as-root",
+        "deploy/kubernetes/deployment.yaml",
+        "            runAsUser: 10001\n            runAsGroup: 10001\n            runAsNonRoot: true\n            allowPrivilegeEscalation: false # no_new_privs",
+        "            runAsUser: 0\n            runAsGroup: 10001\n            runAsNonRoot: false\n            allowPrivilegeEscalation: false # no_new_privs",
+        ("tests/test_kubernetes.py -k images_own_user",),
+    ),
+    Mutation(
+        "k8s-config-misspelt-key",
+        "deploy/kubernetes/configmap.yaml",
+        '    identity = "server"',
+        '    identity_mode = "server"',
+        ("tests/test_kubernetes.py -k config_loads",),
+    ),
 )
 
 # --- issue 9: the host side of a turn ---------------------------------------------------------

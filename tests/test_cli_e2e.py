@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
 import pty
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,11 +21,15 @@ from conftest import BUILDER_TOKEN, Target, processes_with, wait_until
 
 CLI = [sys.executable, "-m", "agent_side.cli"]
 REPO = Path(__file__).resolve().parent.parent
+STATE_HOME = tempfile.mkdtemp(prefix="paddock-cli-state-")
+"""Where these runs keep their cursors: never the real user's state directory."""
+atexit.register(shutil.rmtree, STATE_HOME, True)
 
 
 def _env(target: Target | None = None, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PADDOCK_")}
     env["PYTHONPATH"] = str(REPO)
+    env["XDG_STATE_HOME"] = STATE_HOME
     if target is not None:
         env |= {
             "PADDOCK_TARGET": target.url,
@@ -199,8 +206,12 @@ def test_logs_and_turns_show_an_earlier_turn(target: Target) -> None:
     turn_id = json.loads(first.stdout.splitlines()[-1])["turn_id"]
     logs = paddock("logs", turn_id, target=target)
     assert (logs.returncode, logs.stdout) == (0, b"from-the-past\n")
+    # paddock run delivered it all already: following goes on after it, with the status.
     followed = paddock("logs", "--follow", turn_id, target=target)
-    assert (followed.returncode, followed.stdout) == (4, b"from-the-past\n")
+    assert (followed.returncode, followed.stdout) == (4, b"")
+    assert b"--from-start shows it all" in followed.stderr
+    replayed = paddock("logs", "--follow", "--from-start", turn_id, target=target)
+    assert (replayed.returncode, replayed.stdout) == (4, b"from-the-past\n")
     table = paddock("turns", "--limit", "5", target=target)
     assert table.returncode == 0
     lines = table.stdout.decode().splitlines()

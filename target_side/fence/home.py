@@ -14,9 +14,11 @@ descriptor with ``O_NOFOLLOW``: a symlink is never followed, it is moved aside.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import stat
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,6 +54,15 @@ def prepare_home(state_root: Path, role: str, uid: int, gid: int) -> str | None:
     Returns a sentence when something had to be repaired (for the turn's
     notice and the log), else None. Raises ``HomeError`` if it cannot be made.
     """
+    with _LOCKS.setdefault((str(state_root), role), threading.Lock()):
+        return _prepare(state_root, role, uid, gid)
+
+
+_LOCKS: dict[tuple[str, str], threading.Lock] = {}
+"""One at a time per role: turns starting together must not each make (or move) its home."""
+
+
+def _prepare(state_root: Path, role: str, uid: int, gid: int) -> str | None:
     try:
         state = os.open(state_root, DIR_FLAGS)
     except OSError as exc:
@@ -109,11 +120,26 @@ def _home(parent: int, where: str, uid: int, gid: int) -> str | None:
 
 
 def _make(parent: int, uid: int, gid: int) -> int:
-    os.mkdir(HOME, 0o700, dir_fd=parent)
-    fd = os.open(HOME, DIR_FLAGS, dir_fd=parent)
-    os.fchown(fd, uid, gid)
-    os.fchmod(fd, 0o700)
-    return fd
+    """A new home, made whole under a private name and renamed into place.
+
+    A turn whose fence binds the home by its path must never find one that is
+    not yet its role's (made, but not yet handed over).
+    """
+    staging = f".{HOME}.new-{os.urandom(6).hex()}"
+    os.mkdir(staging, 0o700, dir_fd=parent)
+    try:
+        fd = os.open(staging, DIR_FLAGS, dir_fd=parent)
+        os.fchown(fd, uid, gid)
+        os.fchmod(fd, 0o700)
+        os.close(fd)
+        os.rename(staging, HOME, src_dir_fd=parent, dst_dir_fd=parent)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.rmdir(staging, dir_fd=parent)
+        if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+            raise
+        # Another process made it first: theirs is as good as ours.
+    return os.open(HOME, DIR_FLAGS, dir_fd=parent)
 
 
 def _move_aside(parent: int, where: str, why: str) -> str:
