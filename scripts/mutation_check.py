@@ -656,6 +656,14 @@ MUTATIONS += (
         (f"{HOST_EDGES}::test_env_declared_lang_alone_sets_the_locale",),
     ),
     Mutation(
+        "curated-etc-copies-private-files",
+        "target_side/fence/etc.py",
+        "    elif stat.S_ISDIR(st.st_mode) and st.st_mode & 0o005 == 0o005:",
+        "    elif stat.S_ISDIR(st.st_mode):",
+        ("tests/test_curated_etc.py::test_curated_etc_leaves_out_what_others_cannot_read",),
+        also=(("    elif stat.S_ISREG(st.st_mode) and st.st_mode & 0o004:", "    elif stat.S_ISREG(st.st_mode):"),),
+    ),
+    Mutation(
         "managed-entries-not-mounted",
         "target_side/policy/plan.py",
         "    for entry in managed.entries(role.home, settings.fence):",

@@ -1,8 +1,9 @@
 """The forbidden list: host paths no fence may expose, whatever a role or request says.
 
 Every entry is kept canonical, so a symlinked alias of a forbidden path meets
-the same entry. The role's own home is the only exemption, recognised by
-canonical identity: it exempts what lies inside it, never its parent or a
+the same entry. Two places in the state root are exempt, recognised by
+canonical identity: the role's own home, and the curated copy of ``/etc``
+every fence mounts. Each exempts what lies inside it, never its parent or a
 sibling.
 """
 
@@ -93,6 +94,11 @@ def role_home(settings: Settings, role: str) -> Path:
     return role_state_dir(settings, role) / "home"
 
 
+def curated_etc_root(settings: Settings) -> Path:
+    """Where the fence's curated ``/etc`` is kept: a copy of what everyone may read."""
+    return settings.state_root / "etc"
+
+
 def home_place(settings: Settings, role: str) -> str:
     """Where the role's home belongs, canonical up to it and never through what stands there.
 
@@ -120,7 +126,8 @@ def forbidden_for(
     if agent_socket and agent_socket.startswith("/"):
         entries.append(ForbiddenEntry(agent_socket, "the server's SSH agent socket"))
     canonical = [ForbiddenEntry(canonical_path(e.path), e.why) for e in entries]
-    return ForbiddenList(canonical, (home_place(settings, role),))
+    own = (home_place(settings, role), canonical_path(curated_etc_root(settings)))
+    return ForbiddenList(canonical, own)
 
 
 def _other_workspaces(settings: Settings, role: str) -> list[ForbiddenEntry]:

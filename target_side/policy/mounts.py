@@ -88,12 +88,17 @@ class MountPlanner:
         self.mounts: list[Mount] = []
         self._searchable: set[str] = set()
 
-    def system(self) -> None:
+    def system(self, etc_dir: str | None) -> None:
+        """System directories, and ``/etc``: the curated copy if there is one (``fence.etc``),
+        else each curated entry of the host's."""
         for path in SYSTEM_DIRS:
             if os.path.islink(path):
                 self.mounts.append(Mount("symlink", os.readlink(path), path, "fence.system"))
             elif os.path.isdir(path):
                 self.add("ro", path, "fence.system")
+        if etc_dir is not None:
+            self.add("ro", etc_dir, "fence.etc", dest="/etc")
+            return
         for name in ETC_ENTRIES:
             path = f"/etc/{name}"
             if os.path.lexists(path):
@@ -125,7 +130,9 @@ class MountPlanner:
         target = dest or resolved
         if not is_normal(target):
             raise refusals.abnormal_destination(subject, target)
-        self.check_forbidden(subject, target, target)
+        if subject != "fence.etc":
+            # (The curated /etc is the target's own copy, made without /etc's secrets.)
+            self.check_forbidden(subject, target, target)
         self.check_reachable(subject, path, resolved)
         pinned = (None, None) if subject in UNPINNED_SUBJECTS else identity(resolved)
         self.mounts.append(Mount(kind, resolved, target, subject, *pinned))

@@ -57,8 +57,13 @@ def plan_turn(
     settings: Settings,
     turn_id: str,
     environ: Mapping[str, str] | None = None,
+    etc_dir: str | None = None,
 ) -> FencePlan:
-    """The fence ``request`` would get, or a ``RefusedError`` naming the first rule it breaks."""
+    """The fence ``request`` would get, or a ``RefusedError`` naming the first rule it breaks.
+
+    ``etc_dir`` is the curated ``/etc`` to mount whole (``fence.etc``); without
+    one, each curated entry of the host's ``/etc`` is bound by itself.
+    """
     server_env = os.environ if environ is None else environ
     role = settings.roles[request.role]
     limits = effective_limits(request.limits, role.limits)
@@ -68,7 +73,7 @@ def plan_turn(
     uid, gid = host_ids(settings, request.role)
     forbidden = forbidden_for(settings, request.role, server_env)
     planner = MountPlanner(forbidden, workspaces, (uid, gid))
-    planner.system()
+    planner.system(etc_dir)
     planner.path_dirs(settings.fence.path)
     planner.home(home)
     cwd = planner.workspace_dir(request.cwd or role.workspaces[0], "cwd")

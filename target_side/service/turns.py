@@ -57,12 +57,15 @@ from target_side.errors import (
     UnknownTurn,
 )
 from target_side.fence import audit
+from target_side.fence.etc import CuratedEtc, RoleEntry
 from target_side.fence.held import FailureHook, no_failure
 from target_side.fence.home import open_state_root, prepare_home
 from target_side.fence.launch import find_bwrap, launch_turn, signal_reset_prefix
 from target_side.fence.limits import Limiter, Totals
 from target_side.fence.runner import Outcome, RunningTurn
 from target_side.policy import refusals
+from target_side.policy.forbidden import curated_etc_root, home_place
+from target_side.policy.mounts import ETC_ENTRIES
 from target_side.policy.plan import FencePlan, plan_turn
 from target_side.service.health import HealthBoard
 from target_side.service.ledger import Ledger
@@ -134,6 +137,7 @@ class TurnManager:
         server = settings.server
         totals = Totals(server.memory_mb or default_memory_mb(), server.pids)
         self.limiter = Limiter.detect(totals=totals)
+        self.etc = CuratedEtc(curated_etc_root(settings), ETC_ENTRIES, role_entries(settings))
         self._ledger: Ledger | None = None
         self._failures = 0
         self._lock = state_lock
@@ -277,7 +281,8 @@ class TurnManager:
             raise self._disk_unavailable() from None
         record.admitted = True
         try:
-            plan = plan_turn(request, self.settings, record.turn.turn_id)
+            # Off the event loop: planning walks paths and searches writable mounts.
+            plan = await asyncio.to_thread(self.plan, request, record.turn.turn_id)
             await self._launch(record, plan)
         except RefusedError as refused:
             await self._finish(
@@ -543,10 +548,18 @@ class TurnManager:
         else:
             self.board.recover("disk")
 
+    def plan(self, request: TurnRequest, turn_id: str) -> FencePlan:
+        """The turn's fence (blocking: call off the event loop), with the curated ``/etc``."""
+        try:
+            etc = str(self.etc.current())
+        except OSError as exc:
+            raise refusals.backend_unavailable(f"could not copy the fence's /etc: {exc}") from exc
+        return plan_turn(request, self.settings, turn_id, etc_dir=etc)
+
     def dry_run(self, request: TurnRequest) -> PlanResult:
         """The fence ``request`` would get, or its refusal; nothing is built or launched."""
         try:
-            plan = plan_turn(request, self.settings, f"t-{uuid.uuid4().hex}")
+            plan = self.plan(request, f"t-{uuid.uuid4().hex}")
         except RefusedError as refused:
             return PlanResult(refusal=refused.refusal, exit_code=refused.refusal.exit_code)
         return PlanResult(fence=fence_view(plan), exit_code=0)
@@ -682,6 +695,16 @@ def _append_terminal(record: TurnRecord) -> None:
         record.spool.append_kept("refused", refusal=turn.refusal, exit_code=turn.exit_code)
     else:
         record.spool.append_kept("exit", exit_code=turn.exit_code, signal=turn.signal)
+
+
+def role_entries(settings: Settings) -> list[RoleEntry]:
+    """What the fence's ``passwd`` says of each role (nothing when turns run as the server)."""
+    if settings.fence.identity == "server":
+        return []
+    return [
+        RoleEntry(name, *settings.role_ids(name), home_place(settings, name))
+        for name in settings.roles
+    ]
 
 
 def low_water(total: int) -> int:

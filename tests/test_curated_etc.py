@@ -1,0 +1,80 @@
+"""The fence's /etc: one curated copy, never wider than the host's, fresh after a change."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import Target, output, run
+
+from target_side.fence import etc
+from target_side.fence.etc import CuratedEtc, RoleEntry
+
+ROLE = RoleEntry("builder", 1900000001, 1900000001, "/state/roles/builder/home")
+
+
+@pytest.fixture
+def host_etc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    fake = tmp_path / "host-etc"
+    (fake / "ssl" / "private").mkdir(parents=True)
+    (fake / "ssl" / "private" / "server.key").write_text("SECRET\n")
+    (fake / "ssl" / "private").chmod(0o700)
+    (fake / "ssl" / "openssl.cnf").write_text("cnf\n")
+    (fake / "ssl" / "openssl.cnf").chmod(0o644)
+    (fake / "hosts").write_text("127.0.0.1 localhost\n")
+    (fake / "hosts").chmod(0o644)
+    (fake / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+    (fake / "group").write_text("root:x:0:\n")
+    (fake / "root-only.conf").write_text("private\n")
+    (fake / "root-only.conf").chmod(0o600)
+    monkeypatch.setattr(etc, "HOST_ETC", fake)
+    return fake
+
+
+def _curated(tmp_path: Path) -> CuratedEtc:
+    names = ("ssl", "hosts", "passwd", "group", "root-only.conf")
+    return CuratedEtc(tmp_path / "state-etc", names, [ROLE])
+
+
+def test_curated_etc_leaves_out_what_others_cannot_read(host_etc: Path, tmp_path: Path) -> None:
+    copy = _curated(tmp_path).current()
+    assert (copy / "ssl" / "openssl.cnf").read_text() == "cnf\n"
+    assert not (copy / "ssl" / "private").exists()
+    assert not (copy / "root-only.conf").exists()
+
+
+def test_curated_etc_names_the_roles(host_etc: Path, tmp_path: Path) -> None:
+    copy = _curated(tmp_path).current()
+    assert "builder:x:1900000001:1900000001:" in (copy / "passwd").read_text()
+    assert "builder:x:1900000001:" in (copy / "group").read_text()
+    assert (copy / "passwd").read_text().startswith("root:x:0:0:")
+
+
+def test_curated_etc_follows_a_change_with_a_new_version(host_etc: Path, tmp_path: Path) -> None:
+    curated = _curated(tmp_path)
+    first = curated.current(now=0.0)
+    (host_etc / "hosts").write_text("10.0.0.1 build\n")
+    os.utime(host_etc / "hosts", ns=(1, 1))
+    assert curated.current(now=1.0) == first  # not looked at again this soon
+    second = curated.current(now=10.0)
+    assert second != first
+    assert (second / "hosts").read_text() == "10.0.0.1 build\n"
+    assert (first / "hosts").read_text() == "127.0.0.1 localhost\n"  # running turns keep theirs
+
+
+def test_fence_user_is_named_and_passwd_replaced_meanwhile_refuses_nothing(
+    client: httpx.Client, target: Target
+) -> None:
+    turn, evs = run(client, ["sh", "-c", "whoami; test -e /etc/shadow || echo no-shadow"])
+    assert (turn.exit_code, output(evs)) == (0, "builder\nno-shadow\n")
+    # What useradd does: write a new file and rename it over /etc/passwd. Turns bound the
+    # host's file by descriptor and were refused as path-changed when it moved; a copy is not.
+    passwd = Path("/etc/passwd")
+    fresh = passwd.with_name(".passwd.paddock-test")
+    fresh.write_bytes(passwd.read_bytes())
+    fresh.chmod(0o644)
+    os.rename(fresh, passwd)
+    again, _ = run(client, ["true"])
+    assert again.exit_code == 0, again.refusal
