@@ -34,7 +34,6 @@ import contextlib
 import errno
 import logging
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -46,6 +45,8 @@ from shared.wire import PlannedLimits
 from target_side.errors import LimitError
 from target_side.fence.cgroupfs import (
     CONTROLLERS,
+    TURN_CGROUP,
+    TURN_PREFIX,
     V1_USAGE,
     CgroupMount,
     cgroup_mounts,
@@ -60,11 +61,9 @@ log = logging.getLogger("paddock.target")
 
 CPU_PERIOD_US = 100_000
 TRUSTED_BIN_PATH = "/usr/bin:/bin"
-TURN_PREFIX = "paddock-"
 SERVER_LEAF = "paddock-server"
 """On cgroup v2 the server moves itself here so its own cgroup may hand controllers down."""
 REMOVE_TRIES = 100
-_TURN_CGROUP = re.compile(rf"{TURN_PREFIX}(\d+)-t-[0-9a-f]+")
 
 
 @dataclass(frozen=True)
@@ -191,7 +190,7 @@ class Limiter:
         for hierarchy in self.hierarchies:
             with contextlib.suppress(OSError):
                 for entry in hierarchy.base.iterdir():
-                    match = _TURN_CGROUP.fullmatch(entry.name)
+                    match = TURN_CGROUP.fullmatch(entry.name)
                     if match and not _alive(int(match[1])) and entry.is_dir():
                         with contextlib.suppress(OSError):
                             entry.rmdir()

@@ -191,8 +191,8 @@ async def _check_backend(manager: TurnManager, board: HealthBoard) -> None:
             "only the fence stands between a turn and the server's files",
         )
     try:
-        uid, gid = host_ids(settings, next(iter(settings.roles)))
-        failure = await probe(manager.bwrap(), uid, gid)
+        role = next(iter(settings.roles))
+        failure = await probe(manager.bwrap(), role, host_ids(settings, role), manager.identity)
     except BackendError as exc:
         failure = str(exc)
     except RefusedError as exc:

@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from shared.walk import canonical_path, mount_conflict
 from target_side.config import Settings
-from target_side.errors import BackendError, RefusedError
+from target_side.errors import BackendError, LauncherError, RefusedError
 from target_side.fence import syscall_filter
 from target_side.fence.cgroupfs import (
     CONTROLLERS,
@@ -45,7 +45,9 @@ from target_side.fence.cgroupfs import (
     v2_mount,
     words,
 )
+from target_side.fence.identity import Identity, InProcess, for_settings
 from target_side.fence.launch import find_bwrap, probe
+from target_side.fence.launcher_client import START_HINT, ViaLauncher
 from target_side.policy.forbidden import ForbiddenEntry, forbidden_for
 from target_side.policy.plan import host_ids
 from target_side.service.turns import MIN_FREE_BYTES
@@ -98,6 +100,7 @@ def examine(config: Path) -> list[Finding]:
     server = _find_server(settings, config)
     findings += [
         _server(server),
+        _launcher(settings),
         *_backend(settings),
         _seccomp(),
         _limits(server),
@@ -236,6 +239,94 @@ def _server(server: Server) -> Finding:
     )
 
 
+# --- the launcher ---------------------------------------------------------------------------
+
+
+def _launcher(settings: Settings) -> Finding:
+    """How turns get their role's uid here: root, the launcher (and does it answer?), or not."""
+    fence, owner = settings.fence, _state_owner(settings)
+    if fence.identity == "server":
+        return Finding(
+            "launcher",
+            "info",
+            'every turn runs as the server\'s own uid ([fence] identity = "server"): no '
+            "launcher is used, and only the fence stands between a turn and the server's files",
+        )
+    ids = tuple(f"role {r}: uid {u}, gid {g}" for r, (u, g) in _role_ids(settings).items())
+    if fence.launcher is None:
+        if owner == 0:
+            return Finding(
+                "launcher",
+                "ok",
+                "the server runs as root and starts each turn as its role's uid itself",
+                details=ids,
+            )
+        return Finding(
+            "launcher",
+            "degraded",
+            f"every turn is refused: the server runs as {_name(owner)}, not root, and "
+            "[fence] launcher is not set",
+            config_file.LAUNCHER_FIX,
+        )
+    clashes = _id_clashes(settings, owner)
+    try:
+        pid, hello = asyncio.run(ViaLauncher(fence.launcher).hello())
+    except LauncherError as exc:
+        return Finding("launcher", "degraded", f"every turn is refused: {exc}", START_HINT)
+    if "error" in hello:
+        summary = (
+            f"the launcher at {fence.launcher} runs as root (pid {pid}) but refused this "
+            f"check: {hello['error']}"
+        )
+        return Finding("launcher", "degraded", summary, "run doctor as root or as the server")
+    summary = (
+        f"the launcher at {fence.launcher} answers (pid {pid}, root, paddock "
+        f"{hello.get('version')}): turns run as their role's uid"
+    )
+    if clashes:
+        return Finding(
+            "launcher",
+            "degraded",
+            summary + ", but it refuses some roles",
+            "give each of those roles a uid and gid of its own ([roles.NAME] uid, gid)",
+            clashes,
+        )
+    return Finding("launcher", "ok", summary, details=ids)
+
+
+def _state_owner(settings: Settings) -> int:
+    try:
+        return settings.state_root.stat().st_uid
+    except OSError:
+        return os.getuid()
+
+
+def _role_ids(settings: Settings) -> dict[str, tuple[int, int]]:
+    return {role: settings.role_ids(role) for role in settings.roles}
+
+
+def _id_clashes(settings: Settings, owner: int) -> tuple[str, ...]:
+    """Roles the launcher refuses: the server's own uid, or the server's group."""
+    try:
+        group = pwd.getpwuid(owner).pw_gid
+    except KeyError:
+        group = None
+    found = []
+    for role, (uid, gid) in _role_ids(settings).items():
+        if uid == owner:
+            found.append(f"role {role}: uid {uid} is the server's own")
+        if gid == group:
+            found.append(f"role {role}: gid {gid} is the server's group")
+    return tuple(found)
+
+
+def _name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
 # --- the fence backend ----------------------------------------------------------------------
 
 
@@ -246,8 +337,9 @@ def _backend(settings: Settings | None) -> list[Finding]:
         return [Finding("backend", "degraded", str(exc), "apt-get install bubblewrap")]
     version = _bwrap_version(bwrap)
     userns = _userns()
-    uid, gid = _probe_ids(settings)
-    failure = asyncio.run(_probe(bwrap, uid, gid))
+    role, (uid, gid) = _probe_ids(settings)
+    identity = for_settings(settings) if settings is not None else InProcess()
+    failure = asyncio.run(_probe(bwrap, role, (uid, gid), identity))
     if failure is None:
         return [
             Finding(
@@ -267,19 +359,21 @@ def _backend(settings: Settings | None) -> list[Finding]:
     ]
 
 
-def _probe_ids(settings: Settings | None) -> tuple[int, int]:
-    """A role's host ids, as turns use them; the server's own where it cannot switch."""
-    if settings is None or os.getuid() != 0:
-        return os.getuid(), os.getgid()
+def _probe_ids(settings: Settings | None) -> tuple[str, tuple[int, int]]:
+    """A role and its host ids, as turns use them; the server's own where it cannot switch."""
+    own = ("", (os.getuid(), os.getgid()))
+    if settings is None:
+        return own
+    role = next(iter(settings.roles))
     try:
-        return host_ids(settings, next(iter(settings.roles)))
+        return role, host_ids(settings, role)
     except RefusedError:
-        return os.getuid(), os.getgid()
+        return own
 
 
-async def _probe(bwrap: str, uid: int, gid: int) -> str | None:
+async def _probe(bwrap: str, role: str, ids: tuple[int, int], identity: Identity) -> str | None:
     try:
-        return await probe(bwrap, uid, gid)
+        return await probe(bwrap, role, ids, identity)
     except (BackendError, OSError) as exc:
         return str(exc)
 
