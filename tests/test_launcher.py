@@ -53,6 +53,7 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 PURELIB = sysconfig.get_paths()["purelib"]
 LAUNCHER_CAPS = "-all,+setuid,+setgid,+kill,+chown,+dac_override"
 """The launcher's whole capability set, as its systemd unit bounds it."""
+PRIVATE_MOUNTS = ("unshare", "--mount", "--propagation", "private")
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0
@@ -167,7 +168,9 @@ class Host:
         )
         command = f"{SYSTEM_PYTHON} -m target_side.tools.cli serve --config {self.config}"
         self.server = subprocess.Popen(
-            ["sh", "-c", f"{join}exec {drop} {command}"],
+            # A mount namespace of its own, as its systemd unit gives it: every descriptor it
+            # hands the launcher belongs to a mount the launcher's namespace only mirrors.
+            [*PRIVATE_MOUNTS, "sh", "-c", f"{join}exec {drop} {command}"],
             env=_env(str(self.state)),
             cwd="/",
             stdin=subprocess.DEVNULL,

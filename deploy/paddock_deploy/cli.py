@@ -16,6 +16,7 @@ from paddock_deploy.runner import deploy, deploy_lock, interrupted
 from paddock_deploy.systemd_unit import render_unit
 
 DEFAULT_WORKSPACE = "/srv/paddock/work"
+DEFAULT_LAUNCHER_SOCKET = "/run/paddock/launcher.sock"
 
 
 def _absolute(text: str) -> str:
@@ -92,6 +93,8 @@ def print_unit(opts: argparse.Namespace) -> Exit:
 def main(argv: list[str] | None = None) -> int:
     opts = parser().parse_args(argv)
     opts.workspace = opts.workspace or [DEFAULT_WORKSPACE]
+    opts.given_launcher_socket = opts.launcher_socket
+    opts.launcher_socket = opts.launcher_socket or DEFAULT_LAUNCHER_SOCKET
     if opts.print_unit:
         return print_unit(opts)
     progress = Progress(opts.json)

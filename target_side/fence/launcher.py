@@ -707,6 +707,9 @@ def listen(path: str, group: int) -> socket.socket:
     with contextlib.suppress(FileExistsError):
         os.mkdir(directory, 0o755)
     untrusted = trust.untrusted_ancestor(directory)
+    own = os.stat(directory)
+    if untrusted is None and (own.st_uid != 0 or own.st_mode & 0o022):
+        untrusted = (directory, "is not root's alone")  # sticky is not enough: names can be taken
     if untrusted is not None:
         where, why = untrusted
         raise LauncherError(f"{where} (above {path}) {why}: someone else could swap the socket")
@@ -751,6 +754,7 @@ async def serve(grants: Grants, path: str) -> None:
     sessions: set[Session] = set()
     accepting = asyncio.create_task(_accept(listener, grants, sessions))
     log.info("listening on %s for uid %d (pid %d)", path, grants.server[0], os.getpid())
+    _notify_ready()
     try:
         await stop.wait()
     finally:
@@ -762,6 +766,19 @@ async def serve(grants: Grants, path: str) -> None:
             if (os.stat(path).st_dev, os.stat(path).st_ino) == (bound.st_dev, bound.st_ino):
                 os.unlink(path)
     log.info("stopped")
+
+
+def _notify_ready() -> None:
+    """Say ``READY=1`` where systemd (or paddock-supervise) listens for it, if anywhere."""
+    where = os.environ.get("NOTIFY_SOCKET", "")
+    if not where.startswith(("/", "@")):
+        return
+    address = "\0" + where[1:] if where.startswith("@") else where
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as notify:
+        try:
+            notify.sendto(b"READY=1", address)
+        except OSError as exc:
+            log.warning("could not say READY=1 to %s: %s", where, exc)
 
 
 async def _accept(listener: socket.socket, grants: Grants, sessions: set[Session]) -> None:

@@ -1,7 +1,11 @@
-"""Step 6: ``CONFIG_DIR/target.toml``: written when absent, else only extended with new roles.
+"""Step 6: ``CONFIG_DIR/target.toml``: written when absent, else only extended with new roles;
+then each role's workspaces, owned by the role's uid.
 
 A token is minted for each new role (only its hash is kept), and the file is
-checked as the service user before it is installed ``root:USER 0640``.
+checked as the service user before it is installed ``root:USER 0640``. The
+check also says which host uid each role's turns run as; a role's workspace
+that is missing is made for it: owner the role's uid, group the service
+user's, mode 2750 (deploy/README.md, "Turns as role uids", says why).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import json
 import os
 import secrets
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 
@@ -38,6 +43,7 @@ def run(ctx: Context) -> Outcome:
             cert=ctx.cert_file,
             key=ctx.key_file,
             state_root=ctx.state_root,
+            launcher=ctx.launcher_socket,
             roles=new_roles,
             workspaces=ctx.opts.workspace,
         )
@@ -45,21 +51,30 @@ def run(ctx: Context) -> Outcome:
         have = existing.get("roles", {})
         new_roles = [r for r in dict.fromkeys(ctx.opts.role) if r not in have]
         if not new_roles:
-            check_config(ctx, dest, account)
+            ctx.role_ids, workspaces = check_config(ctx, dest, account)
+            made = ensure_workspaces(ctx, workspaces, account)
             return Outcome(
-                False,
-                f"nothing to do ({dest} has role(s) {', '.join(have)}; "
+                bool(made),
+                "; ".join(made)
+                if made
+                else f"nothing to do ({dest} has role(s) {', '.join(have)}; "
                 "it checks clean as the service user)",
             )
         added = render_roles(new_roles, ctx.opts.workspace)
         text = dest.read_text().rstrip("\n") + "\n" + added
-    install_config(ctx, dest, text, new_roles, account)
+    workspaces = install_config(ctx, dest, text, new_roles, account)
+    made = ensure_workspaces(ctx, workspaces, account)
     ctx.restart_reasons.append("config")
     verb = "wrote" if existing is None else "added role(s) to"
     return Outcome(
         True,
-        f"{verb} {dest} (root:{account.name} 0640) with role(s) "
-        f"{', '.join(new_roles)}; minted a token for each (shown at the end)",
+        "; ".join(
+            [
+                f"{verb} {dest} (root:{account.name} 0640) with role(s) "
+                f"{', '.join(new_roles)}; minted a token for each (shown at the end)",
+                *made,
+            ]
+        ),
     )
 
 
@@ -74,6 +89,7 @@ def render_config(
     cert: Path,
     key: Path,
     state_root: Path,
+    launcher: Path,
     roles: list[str],
     workspaces: list[str],
 ) -> str:
@@ -86,26 +102,27 @@ def render_config(
         f"tls_key = {toml_str(str(key))}\n"
         f"state_root = {toml_str(str(state_root))}\n"
         "\n[fence]\n"
-        'identity = "server"\n'
+        "# Turns run as their role's own uid, started by the privileged launcher listening here.\n"
+        f"launcher = {toml_str(str(launcher))}\n"
         f"path = {toml_str(FENCE_PATH)}\n"
         "forbidden = []\n" + render_roles(roles, workspaces)
     )
 
 
 def render_roles(roles: list[str], workspaces: list[str]) -> str:
+    """A table per role; its workspaces are its own directories below each ``--workspace``."""
     # A placeholder hash nobody holds the token for; ``token mint`` replaces it before install.
-    listed = ", ".join(toml_str(w) for w in workspaces)
     return "".join(
         f"\n[roles.{role}]\n"
         f'token_sha256 = "{hashlib.sha256(secrets.token_bytes(32)).hexdigest()}"\n'
-        f"workspaces = [{listed}]\n"
+        f"workspaces = [{', '.join(toml_str(f'{w}/{role}') for w in workspaces)}]\n"
         for role in roles
     )
 
 
 def install_config(
     ctx: Context, dest: Path, text: str, new_roles: list[str], account: Account
-) -> None:
+) -> dict[str, list[str]]:
     """Stage, mint, check as the service user, then install atomically root:USER 0640.
 
     ``config apply`` is not used: run as root it refuses a key the service
@@ -122,13 +139,14 @@ def install_config(
         # mint rewrites the file 0600 root; the check must read it as the server will.
         os.chown(staged, 0, account.gid)
         os.chmod(staged, 0o640)
-        check_config(ctx, staged, account)
+        ctx.role_ids, workspaces = check_config(ctx, staged, account)
         before = snapshot(dest)
         ctx.tx.on_failure(f"{dest} as it was", lambda: restore(dest, before))
         write_file(dest, staged.read_bytes(), 0o640, 0, account.gid)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     ctx.tokens.update(tokens)
+    return workspaces
 
 
 def mint(ctx: Context, role: str, staged: Path) -> str:
@@ -142,10 +160,18 @@ def mint(ctx: Context, role: str, staged: Path) -> str:
     return lines[-1]
 
 
-def check_config(ctx: Context, path: Path, account: Account) -> None:
-    """``config check`` as the service user: exactly what the server will be able to read."""
+RoleIds = dict[str, tuple[int, int]]
+
+
+def check_config(
+    ctx: Context, path: Path, account: Account
+) -> tuple[RoleIds, dict[str, list[str]]]:
+    """``config check`` as the service user: exactly what the server will be able to read.
+
+    Returns each role's host uid and gid, and each role's workspaces.
+    """
     proc = subprocess.run(
-        [*as_user(account), ctx.target_bin(), "config", "check", str(path)],
+        [*as_user(account), ctx.target_bin(), "config", "check", "--json", str(path)],
         capture_output=True,
         text=True,
         env=user_env(account),
@@ -154,5 +180,64 @@ def check_config(ctx: Context, path: Path, account: Account) -> None:
         stdin=subprocess.DEVNULL,
         timeout=120,
     )
-    if proc.returncode != 0:
-        raise DeployError(f"the config does not check clean as {account.name}: {tail(proc.stderr)}")
+    try:
+        report = json.loads(proc.stdout)
+    except ValueError:
+        report = {}
+    if proc.returncode != 0 or not report.get("ok"):
+        said = "; ".join(report.get("problems", [])) or tail(proc.stderr)
+        raise DeployError(f"the config does not check clean as {account.name}: {said}")
+    roles = report["roles"]
+    ids = {name: (int(r["uid"]), int(r["gid"])) for name, r in roles.items()}
+    return ids, {name: list(r["workspaces"]) for name, r in roles.items()}
+
+
+WORKSPACE_MODE = 0o2750
+"""Owner the role (writes), group the service user (plans: searches and reads), nobody else;
+setgid, so what the role makes keeps the group and the server can still read it."""
+
+
+def ensure_workspaces(
+    ctx: Context, workspaces: dict[str, list[str]], account: Account
+) -> list[str]:
+    """Make each role's missing workspace its own; say where an existing one is not."""
+    said = []
+    shared = _shared(workspaces)
+    for role, paths in workspaces.items():
+        uid, _ = ctx.role_ids[role]
+        for workspace in map(Path, paths):
+            if workspace in shared:
+                # Listed by several roles on purpose: the operator arranges who may write.
+                ctx.progress.note(
+                    f"workspace {workspace} is shared by several roles: each one's uid needs "
+                    "write access there (a gid the roles share, set as [roles.NAME] gid), and "
+                    f"{account.name} read access; deploy leaves it as it is"
+                )
+                continue
+            made = ctx.ensure_dir(workspace, WORKSPACE_MODE, uid, account.gid)
+            if made:
+                said.append(
+                    f"{made} (role {role}'s workspace: uid {uid}, group {account.name}, 2750)"
+                )
+                continue
+            st = workspace.stat()
+            if (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) != (
+                uid,
+                account.gid,
+                WORKSPACE_MODE,
+            ):
+                ctx.progress.note(
+                    f"warning: workspace {workspace} of role {role} is uid {st.st_uid}, gid "
+                    f"{st.st_gid}, mode {stat.S_IMODE(st.st_mode):04o}; its turns run as uid "
+                    f"{uid} and the server plans as {account.name}: chown {uid}:{account.name} "
+                    f"{workspace} && chmod 2750 {workspace}"
+                )
+    return said
+
+
+def _shared(workspaces: dict[str, list[str]]) -> set[Path]:
+    seen: dict[Path, int] = {}
+    for paths in workspaces.values():
+        for path in set(map(Path, paths)):
+            seen[path] = seen.get(path, 0) + 1
+    return {path for path, count in seen.items() if count > 1}

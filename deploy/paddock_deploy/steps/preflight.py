@@ -148,6 +148,22 @@ def adopt_existing_config(ctx: Context) -> None:
                 f"{ctx.config_file} exists and says {kept}; {flag} {wanted} "
                 "is not applied (edit the file to change it)"
             )
+    fence = (ctx.existing or {}).get("fence", {})
+    kept = fence.get("launcher")
+    if isinstance(kept, str):
+        if opts.given_launcher_socket not in (None, kept):
+            ctx.progress.note(
+                f"{ctx.config_file} exists and says launcher = {kept}; --launcher-socket "
+                f"{opts.given_launcher_socket} is not applied (edit the file to change it)"
+            )
+        opts.launcher_socket = kept
+    if fence.get("identity") == "server":
+        ctx.progress.note(
+            f'{ctx.config_file} says identity = "server": every turn runs as {opts.user}, not '
+            f"as its role's uid. To change that, replace it in [fence] with launcher = "
+            f'"{opts.launcher_socket}", give each role\'s workspace to its uid (deploy/README.md, '
+            '"Turns as role uids"), and re-run'
+        )
     ctx.listen = server.get("listen") or opts.listen or DEFAULT_LISTEN
     ctx.state_root = Path(server.get("state_root") or opts.state_root or DEFAULT_STATE_ROOT)
     if ctx.existing is not None and opts.tls_cert is not None:
