@@ -18,6 +18,7 @@ import shutil
 import stat
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from paddock_deploy.commands import tail
 from paddock_deploy.context import CONFIG_NAME, Context, Outcome
@@ -51,8 +52,7 @@ def run(ctx: Context) -> Outcome:
         have = existing.get("roles", {})
         new_roles = [r for r in dict.fromkeys(ctx.opts.role) if r not in have]
         if not new_roles:
-            ctx.role_ids, workspaces = check_config(ctx, dest, account)
-            made = ensure_workspaces(ctx, workspaces, account)
+            made = settle(ctx, dest, account)
             return Outcome(
                 bool(made),
                 "; ".join(made)
@@ -62,8 +62,7 @@ def run(ctx: Context) -> Outcome:
             )
         added = render_roles(new_roles, ctx.opts.workspace)
         text = dest.read_text().rstrip("\n") + "\n" + added
-    workspaces = install_config(ctx, dest, text, new_roles, account)
-    made = ensure_workspaces(ctx, workspaces, account)
+    made = install_config(ctx, dest, text, new_roles, account)
     ctx.restart_reasons.append("config")
     verb = "wrote" if existing is None else "added role(s) to"
     return Outcome(
@@ -122,7 +121,7 @@ def render_roles(roles: list[str], workspaces: list[str]) -> str:
 
 def install_config(
     ctx: Context, dest: Path, text: str, new_roles: list[str], account: Account
-) -> dict[str, list[str]]:
+) -> list[str]:
     """Stage, mint, check as the service user, then install atomically root:USER 0640.
 
     ``config apply`` is not used: run as root it refuses a key the service
@@ -139,14 +138,14 @@ def install_config(
         # mint rewrites the file 0600 root; the check must read it as the server will.
         os.chown(staged, 0, account.gid)
         os.chmod(staged, 0o640)
-        ctx.role_ids, workspaces = check_config(ctx, staged, account)
+        made = settle(ctx, staged, account)
         before = snapshot(dest)
         ctx.tx.on_failure(f"{dest} as it was", lambda: restore(dest, before))
         write_file(dest, staged.read_bytes(), 0o640, 0, account.gid)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     ctx.tokens.update(tokens)
-    return workspaces
+    return made
 
 
 def mint(ctx: Context, role: str, staged: Path) -> str:
@@ -160,16 +159,33 @@ def mint(ctx: Context, role: str, staged: Path) -> str:
     return lines[-1]
 
 
-RoleIds = dict[str, tuple[int, int]]
+def settle(ctx: Context, path: Path, account: Account) -> list[str]:
+    """Check ``path`` as the service user, making the roles' missing workspaces on the way.
 
-
-def check_config(
-    ctx: Context, path: Path, account: Account
-) -> tuple[RoleIds, dict[str, list[str]]]:
-    """``config check`` as the service user: exactly what the server will be able to read.
-
-    Returns each role's host uid and gid, and each role's workspaces.
+    The check says each role's uid even while a workspace is missing (a problem
+    it reports): the workspaces are made for those uids, then it must pass.
     """
+    report = check_config(ctx, path, account)
+    roles = report.get("roles") or {}
+    if not roles:
+        raise DeployError(_not_clean(account, report))
+    ctx.role_ids = {name: (int(r["uid"]), int(r["gid"])) for name, r in roles.items()}
+    made = ensure_workspaces(ctx, {n: list(r["workspaces"]) for n, r in roles.items()}, account)
+    if made or not report.get("ok"):
+        report = check_config(ctx, path, account)
+    if not report.get("ok"):
+        raise DeployError(_not_clean(account, report))
+    return made
+
+
+def _not_clean(account: Account, report: dict[str, Any]) -> str:
+    said = "; ".join(report.get("problems", [])) or report.get("stderr", "")
+    return f"the config does not check clean as {account.name}: {said}"
+
+
+def check_config(ctx: Context, path: Path, account: Account) -> dict[str, Any]:
+    """``config check --json`` as the service user: exactly what the server will be able to
+    read; its report (problems, notes, each role's host ids and workspaces)."""
     proc = subprocess.run(
         [*as_user(account), ctx.target_bin(), "config", "check", "--json", str(path)],
         capture_output=True,
@@ -181,15 +197,13 @@ def check_config(
         timeout=120,
     )
     try:
-        report = json.loads(proc.stdout)
+        report: dict[str, Any] = json.loads(proc.stdout)
     except ValueError:
         report = {}
-    if proc.returncode != 0 or not report.get("ok"):
-        said = "; ".join(report.get("problems", [])) or tail(proc.stderr)
-        raise DeployError(f"the config does not check clean as {account.name}: {said}")
-    roles = report["roles"]
-    ids = {name: (int(r["uid"]), int(r["gid"])) for name, r in roles.items()}
-    return ids, {name: list(r["workspaces"]) for name, r in roles.items()}
+    if proc.returncode != 0:
+        report["ok"] = False
+    report["stderr"] = tail(proc.stderr)
+    return report
 
 
 WORKSPACE_MODE = 0o2750
