@@ -45,8 +45,9 @@ from conftest import (
     wait_until,
 )
 
-from target_side.config import load_settings
-from target_side.fence.launcher import MAX_FDS, Channel
+from target_side.config import RoleConfig, Settings, load_settings
+from target_side.errors import LauncherError
+from target_side.fence.launcher import MAX_FDS, Channel, Grants
 
 REPO = Path(__file__).resolve().parent.parent
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -615,3 +616,42 @@ def test_channel_carries_more_descriptors_than_one_message_can() -> None:
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def test_config_check_and_doctor_say_a_server_without_root_or_launcher_refuses_turns(
+    host: Host,
+) -> None:
+    config = host.base / "etc" / "no-launcher.toml"
+    text = host.config.read_text().replace(f'launcher = "{host.socket}"\n', "")
+    config.write_text(text)
+    os.chown(config, 0, host.gid)
+    config.chmod(0o640)
+    cli = ("-m", "target_side.tools.cli")
+    check = host.as_server(*cli, "config", "check", str(config))
+    assert check.returncode == 1
+    assert "every turn would be refused" in check.stderr and "[fence] launcher" in check.stderr
+    doctor = host.as_server(*cli, "doctor", "--json", "--config", str(config))
+    found = {f["area"]: f for f in json.loads(doctor.stdout)["findings"]}
+    assert found["launcher"]["status"] == "degraded", found["launcher"]
+    assert "launcher" in found["launcher"]["fix"] and "identity" in found["launcher"]["fix"]
+
+
+# --- who may be whom, in process --------------------------------------------------------------
+
+
+def _grants(server: tuple[int, int], **builder: object) -> Grants:
+    role = RoleConfig(token_sha256="0" * 64, workspaces=("/srv/w",), **builder)
+    return Grants(Settings(roles={"builder": role}), server)
+
+
+def test_grants_never_give_the_servers_uid_or_group_or_an_unknown_role() -> None:
+    with pytest.raises(LauncherError, match="server's own uid"):
+        _grants((5000, 5000), uid=5000, gid=6000).role_ids("builder")
+    with pytest.raises(LauncherError, match="server's group"):
+        _grants((5000, 5000), uid=7000, gid=5000).role_ids("builder")
+    with pytest.raises(LauncherError, match="not in"):
+        _grants((5000, 5000)).role_ids("intruder")
+    assert _grants((5000, 5000), uid=7000).role_ids("builder") == (7000, 7000)
+    asked = {"role": "builder", "uid": 0, "gid": 0}
+    with pytest.raises(LauncherError, match="this launcher's config says 7000:7000"):
+        _grants((5000, 5000), uid=7000).checked_ids(asked)

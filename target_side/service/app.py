@@ -165,6 +165,7 @@ async def _sweep_forever(manager: TurnManager) -> None:
         try:
             await manager.sweep()
             await _check_config(manager)
+            await _check_backend(manager, manager.board)  # a launcher may come (back) later
         except Exception:
             log.exception("retention sweep failed; trying again later")
 
@@ -203,6 +204,8 @@ async def _check_backend(manager: TurnManager, board: HealthBoard) -> None:
     unfiltered = syscall_filter.unavailable_reason()
     if unfiltered is not None:
         board.degrade("backend", f"turns run without the seccomp filter: {unfiltered}")
+    else:
+        board.recover("backend")
 
 
 def _check_limits(manager: TurnManager, board: HealthBoard) -> None:
