@@ -392,6 +392,21 @@ MUTATIONS += (
         "        if self.child is not None and not self.child.done:\n            pass",
         (LAUNCHER_TESTS + "test_launcher_closing_the_server_kills_the_turn",),
     ),
+    Mutation(
+        "launcher-program-owner-unchecked",
+        "target_side/fence/launcher.py",
+        "    if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:",
+        "    if False:",
+        (LAUNCHER_TESTS + "test_launcher_refuses_a_program_root_does_not_own",),
+        also=(("        if st.st_uid != 0 or st.st_mode & 0o022:", "        if False:"),),
+    ),
+    Mutation(
+        "server-trusts-a-launcher-that-is-not-root",
+        "target_side/fence/launcher_client.py",
+        "        if uid != 0:",
+        "        if False:",
+        (LAUNCHER_TESTS + "test_server_sends_nothing_to_a_launcher_that_is_not_root",),
+    ),
 )
 
 

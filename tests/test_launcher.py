@@ -48,6 +48,7 @@ from conftest import (
 from target_side.config import RoleConfig, Settings, load_settings
 from target_side.errors import LauncherError
 from target_side.fence.launcher import MAX_FDS, Channel, Grants
+from target_side.fence.launcher_client import ViaLauncher
 
 REPO = Path(__file__).resolve().parent.parent
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -655,3 +656,43 @@ def test_grants_never_give_the_servers_uid_or_group_or_an_unknown_role() -> None
     asked = {"role": "builder", "uid": 0, "gid": 0}
     with pytest.raises(LauncherError, match="this launcher's config says 7000:7000"):
         _grants((5000, 5000), uid=7000).checked_ids(asked)
+
+
+FAKE_LAUNCHER = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.bind(sys.argv[1])
+s.listen(1)
+print("listening", flush=True)
+conn, _ = s.accept()
+print(repr(conn.recv(65536)), flush=True)
+"""
+
+
+def test_server_sends_nothing_to_a_launcher_that_is_not_root(host: Host) -> None:
+    fake = host.state / "fake-launcher.sock"  # a place the service user can write
+    listener = subprocess.Popen(
+        [
+            "setpriv",
+            f"--reuid={host.uid}",
+            f"--regid={host.gid}",
+            "--clear-groups",
+            "--",
+            SYSTEM_PYTHON,
+            "-c",
+            FAKE_LAUNCHER,
+            str(fake),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd="/",
+    )
+    try:
+        assert listener.stdout is not None and listener.stdout.readline() == "listening\n"
+        with pytest.raises(LauncherError, match=f"served by uid {host.uid}, not root"):
+            asyncio.run(ViaLauncher(str(fake)).hello())
+        out, _ = listener.communicate(timeout=10)
+        assert out == "b''\n"  # it heard nothing: no request, no descriptor
+    finally:
+        listener.kill()
+        fake.unlink(missing_ok=True)

@@ -313,7 +313,7 @@ def as_role(uid: int, gid: int, work: Callable[[], Any], keep: Sequence[int] = (
     """
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child reports through the pipe
+    if pid == 0:  # the child: it reports through the pipe, never returns
         status = 1
         try:
             _keep_only({0, 1, 2, write, *keep})
@@ -430,8 +430,8 @@ class Session:
                     close_all(fds)
                 if reply is not None:
                     await self.channel.send(reply)
-        except (EOFError, ConnectionError, LauncherError):
-            pass
+        except (EOFError, OSError, LauncherError):
+            pass  # the server hung up, or spoke garbage: either way the turn goes
         finally:
             self.abandon()
 
@@ -646,7 +646,7 @@ def _start(
     """Fork and exec ``argv`` as ``uid:gid``; its pid once the exec has happened."""
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child execs or reports through the pipe
+    if pid == 0:  # the child: it execs, or reports through the pipe
         _exec_child(program, argv, targets, fds, uid, gid, write)
     os.close(write)
     try:
@@ -670,7 +670,7 @@ def _exec_child(
     uid: int,
     gid: int,
     errors: int,
-) -> NoReturn:  # pragma: no cover - runs in the forked child
+) -> NoReturn:
     try:
         os.setsid()  # a Ctrl-C at the launcher's terminal is not the turn's
         become(uid, gid)

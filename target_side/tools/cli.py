@@ -19,7 +19,6 @@ from shared import __version__
 from target_side.config import load_settings
 from target_side.errors import TargetError
 from target_side.service.auth import token_sha256
-from target_side.tools import config_file
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,6 +134,8 @@ def _launcher(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from target_side.tools import config_file
+
     settings, problems = config_file.check(args.file)
     notes = asyncio.run(config_file.identity_notes(settings)) if settings is not None else []
     if args.json:
@@ -155,12 +156,16 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _apply(args: argparse.Namespace) -> int:
+    from target_side.tools import config_file
+
     config_file.apply(args.source, args.dest)
     print(f"{args.dest}: installed from {args.source}")
     return 0
 
 
 def _mint(args: argparse.Namespace) -> int:
+    from target_side.tools import config_file
+
     if args.config is not None:
         token = config_file.mint_token(args.config, args.role)
         print(f"token for role {args.role} (shown once; its hash is now in {args.config}):")
