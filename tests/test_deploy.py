@@ -681,6 +681,7 @@ def test_doctor_on_the_deployed_host_says_what_is_enforced(host: Host) -> None:
     for area in (
         "config",
         "launcher",
+        "workspaces",
         "backend",
         "seccomp",
         "state",

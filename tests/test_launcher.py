@@ -589,6 +589,17 @@ def test_config_check_and_doctor_report_the_launcher(host: Host, client: httpx.C
     found = {f["area"]: f for f in json.loads(doctor.stdout)["findings"]}
     assert found["launcher"]["status"] == "ok", found["launcher"]
     assert found["backend"]["status"] == "ok", found["backend"]
+    assert found["workspaces"]["status"] == "ok", found["workspaces"]
+    other = host.workspace("other")
+    other.chmod(0o2755)  # anyone may enter: another role's uid included
+    try:
+        doctor = host.as_server(*cli, "doctor", "--json", "--config", str(host.config))
+    finally:
+        other.chmod(0o2750)
+    found = {f["area"]: f for f in json.loads(doctor.stdout)["findings"]}
+    assert found["workspaces"]["status"] == "degraded", found["workspaces"]
+    assert any("any uid may enter it" in d for d in found["workspaces"]["details"])
+    assert f"chmod 2750 {other}" in found["workspaces"]["fix"]
 
 
 # --- the wire, in process ---------------------------------------------------------------------

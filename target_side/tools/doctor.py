@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import grp
 import http.client
 import json
 import os
@@ -101,6 +102,7 @@ def examine(config: Path) -> list[Finding]:
     findings += [
         _server(server),
         _launcher(settings),
+        _workspaces(settings),
         *_backend(settings),
         _seccomp(),
         _limits(server),
@@ -292,6 +294,77 @@ def _launcher(settings: Settings) -> Finding:
             clashes,
         )
     return Finding("launcher", "ok", summary, details=ids)
+
+
+def _workspaces(settings: Settings) -> Finding:
+    """Whether each role's uid can write its workspaces, the server read them, and no one else."""
+    own = settings.fence.identity == "server"
+    server = os.getuid() if own else _state_owner(settings)
+    try:
+        entry = pwd.getpwuid(server)
+        primary: int | None = entry.pw_gid
+        groups = {entry.pw_gid, *(g.gr_gid for g in grp.getgrall() if entry.pw_name in g.gr_mem)}
+    except KeyError:
+        primary, groups = None, set()
+    problems, fixes = [], []
+    for role, config in settings.roles.items():
+        uid, gid = (server, None) if own else settings.role_ids(role)
+        for workspace in config.workspaces:
+            said = _workspace_problems(workspace, uid, gid, server, groups)
+            problems += [f"role {role}: {workspace} {s}" for s in said]
+            if said:
+                group = _group_name(primary)
+                fixes.append(f"chown {uid}:{group} {workspace} && chmod 2750 {workspace}")
+    if not problems:
+        return Finding(
+            "workspaces",
+            "ok",
+            "each role's uid can write its workspaces, the server can read them, no one else can",
+        )
+    return Finding(
+        "workspaces",
+        "degraded",
+        "some workspaces do not fit the uids that use them",
+        "; ".join(dict.fromkeys(fixes)) or "create the missing workspaces",
+        tuple(problems),
+    )
+
+
+def _workspace_problems(
+    path: str, uid: int, gid: int | None, server: int, groups: set[int]
+) -> list[str]:
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return [f"cannot be looked at: {exc.strerror}"]
+    mode = stat.S_IMODE(st.st_mode)
+
+    def may(bits: int, who: int, their_groups: set[int]) -> bool:
+        if who == 0:
+            return True
+        if st.st_uid == who:
+            return mode & (bits << 6) == bits << 6
+        if st.st_gid in their_groups:
+            return mode & (bits << 3) == bits << 3
+        return mode & bits == bits
+
+    found = []
+    if not may(0o3, uid, {gid} if gid is not None else groups):
+        found.append(f"is not writable by uid {uid}, which its turns run as")
+    if not may(0o5, server, groups):
+        found.append(f"cannot be searched and read by the server (uid {server}), which plans there")
+    if mode & 0o005:
+        found.append(f"has mode {mode:04o}: any uid may enter it, other roles' included")
+    return found
+
+
+def _group_name(gid: int | None) -> str:
+    if gid is None:
+        return "SERVICE-GROUP"
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
 
 
 def _state_owner(settings: Settings) -> int:
