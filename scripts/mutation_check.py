@@ -209,7 +209,7 @@ MUTATIONS = (
     ),
     Mutation(
         "held-walk-follows-symlinks",
-        "target_side/fence/held.py",
+        "target_side/fence/nofollow.py",
         "                fd = os.open(name, HOLD_FLAGS, dir_fd=parent)",
         "                fd = os.open(name, HOLD_FLAGS & ~os.O_NOFOLLOW, dir_fd=parent)",
         (
@@ -253,9 +253,9 @@ MUTATIONS = (
     ),
     Mutation(
         "turn-not-placed-in-its-cgroups",
-        "target_side/fence/runner.py",
-        "                self._gate.limits.place(sandbox_pid)",
-        "                pass",
+        "target_side/fence/identity.py",
+        "            limits.place(pid)",
+        "            pass",
         ("tests/test_limits.py -k pids_limit_caps or memory_hog or cpu_limit",),
     ),
     Mutation(
@@ -661,7 +661,12 @@ MUTATIONS += (
         "    elif stat.S_ISDIR(st.st_mode) and st.st_mode & 0o005 == 0o005:",
         "    elif stat.S_ISDIR(st.st_mode):",
         ("tests/test_curated_etc.py::test_curated_etc_leaves_out_what_others_cannot_read",),
-        also=(("    elif stat.S_ISREG(st.st_mode) and st.st_mode & 0o004:", "    elif stat.S_ISREG(st.st_mode):"),),
+        also=(
+            (
+                "    elif stat.S_ISREG(st.st_mode) and st.st_mode & 0o004:",
+                "    elif stat.S_ISREG(st.st_mode):",
+            ),
+        ),
     ),
     Mutation(
         "managed-entries-not-mounted",
@@ -704,6 +709,64 @@ MUTATIONS += (
         '    if st.st_uid not in trusted_owners(also):\n        return f"is owned by uid {st.st_uid}"\n    if st.st_mode & 0o022:',
         '    if False:\n        return f"is owned by uid {st.st_uid}"\n    if st.st_mode & 0o022:',
         ("tests/test_held_paths.py::test_executable_owned_by_someone_else_is_refused",),
+    ),
+)
+
+
+LAUNCHER_TESTS = "tests/test_launcher.py::"
+"""The launcher's own tests: a root launcher and an unprivileged server, real processes."""
+
+MUTATIONS += (
+    Mutation(
+        "launcher-peer-uid-unchecked",
+        "target_side/fence/launcher.py",
+        "        if uid != grants.server[0]:",
+        "        if False:",
+        (LAUNCHER_TESTS + "test_launcher_refuses_a_connection_from_any_uid_but_the_servers",),
+    ),
+    Mutation(
+        "launcher-role-uid-from-request",
+        "target_side/fence/launcher.py",
+        "        uid, gid = self.role_ids(role)\n",
+        '        uid, gid = message["uid"], message["gid"]\n',
+        (LAUNCHER_TESTS + "test_launcher_refuses_a_role_not_in_the_config_and_root",),
+    ),
+    Mutation(
+        "launcher-audit-path-unchecked",
+        "target_side/fence/launcher.py",
+        "            if not normal or not any(is_within(path, w) and path != w for w in workspaces):",
+        "            if False:",
+        (LAUNCHER_TESTS + "test_launcher_audit_never_touches_a_path_outside_the_roles_workspaces",),
+    ),
+    Mutation(
+        "launcher-supplementary-groups-kept",
+        "target_side/fence/launcher.py",
+        "    os.setgroups([])\n",
+        "",
+        (LAUNCHER_TESTS + "test_launcher_turn_runs_as_the_roles_uid_with_no_other_group",),
+        also=(("or os.getgroups():", ":"),),
+    ),
+    Mutation(
+        "launcher-close-does-not-kill-the-turn",
+        "target_side/fence/launcher.py",
+        "        if self.child is not None and not self.child.done:\n            self.kill(bwrap=True)",
+        "        if self.child is not None and not self.child.done:\n            pass",
+        (LAUNCHER_TESTS + "test_launcher_closing_the_server_kills_the_turn",),
+    ),
+    Mutation(
+        "launcher-program-owner-unchecked",
+        "target_side/fence/launcher.py",
+        "    if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:",
+        "    if False:",
+        (LAUNCHER_TESTS + "test_launcher_refuses_a_program_root_does_not_own",),
+        also=(("        if st.st_uid != 0 or st.st_mode & 0o022:", "        if False:"),),
+    ),
+    Mutation(
+        "server-trusts-a-launcher-that-is-not-root",
+        "target_side/fence/launcher_client.py",
+        "        if uid != 0:",
+        "        if False:",
+        (LAUNCHER_TESTS + "test_server_sends_nothing_to_a_launcher_that_is_not_root",),
     ),
 )
 

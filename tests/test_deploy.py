@@ -39,6 +39,7 @@ from deploy_support import REPO, STEPS, SYSTEM_PYTHON, finished_steps, print_uni
 
 from paddock_deploy.archive import build_archive
 from paddock_deploy.protocol import ARCHIVE_NAME
+from target_side.config import load_settings
 
 RESTARTING = {"restart", "health"}
 """Steps after which the server already runs the new release: a rollback restarts the old one."""
@@ -182,6 +183,13 @@ class Host:
         return self.base / "bin"
 
     @property
+    def socket(self) -> Path:
+        return self.base / "run" / "launcher.sock"
+
+    def role_ids(self, role: str = "builder") -> tuple[int, int]:
+        return load_settings(self.config).role_ids(role)
+
+    @property
     def ca(self) -> Path:
         return self.config_dir / "tls" / "ca.pem"
 
@@ -213,6 +221,8 @@ class Host:
             f"127.0.0.1:{self.port}",
             "--workspace",
             str(self.workspace),
+            "--launcher-socket",
+            str(self.socket),
             "--bin-dir",
             str(self.bin_dir),
             "--find-links",
@@ -380,16 +390,23 @@ def test_deploy_first_run_installs_everything_and_serves_health_over_tls(host: H
 
 def test_deploy_files_are_owned_and_private_as_the_server_needs(host: Host) -> None:
     uid, gid = pwd.getpwnam(host.user).pw_uid, grp.getgrnam(host.user).gr_gid
+    role_uid, _ = host.role_ids()
     expect = {
         host.state: (uid, 0o711),  # searchable: turns reach their home by path
         host.config: (0, 0o640),
         host.config_dir / "tls" / "key.pem": (uid, 0o600),
         host.ca: (0, 0o644),
+        host.workspace: (0, 0o755),
+        # The role writes, the server reads (setgid: what the role makes stays readable).
+        host.workspace / "builder": (role_uid, 0o2750),
+        host.socket: (0, 0o660),
     }
     for path, (owner, mode) in expect.items():
         st = path.lstat()
         assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (owner, mode), path
-    assert host.config.stat().st_gid == gid
+    for shared_with_the_server in (host.config, host.workspace / "builder", host.socket):
+        assert shared_with_the_server.stat().st_gid == gid, shared_with_the_server
+    assert 'launcher = "' in host.config.read_text() and "identity" not in host.config.read_text()
     user = pwd.getpwnam(host.user)
     assert user.pw_shell.endswith("nologin") and user.pw_dir == str(host.state)
     release = host.prefix / "releases" / host.current()
@@ -413,15 +430,38 @@ def test_deploy_server_runs_supervised_as_the_service_user(host: Host) -> None:
     assert re.search(r"^CapBnd:\s+0+$", status, re.M)
 
 
-def test_deploy_turn_runs_over_https_as_the_service_user(host: Host) -> None:
+LAUNCHER_CAPS = (1 << 0) | (1 << 1) | (1 << 5) | (1 << 6) | (1 << 7)
+"""CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_KILL, CAP_SETGID, CAP_SETUID: all the launcher keeps."""
+
+
+def test_deploy_launcher_runs_as_root_with_only_its_capabilities(host: Host) -> None:
+    launcher = host.supervise("status")["launcher"]
+    assert launcher and launcher["alive"] and launcher["ready"], launcher
+    status = Path(f"/proc/{launcher['pid']}/status").read_text()
+    assert re.search(r"^Uid:\s+0\s+0\s+0\s+0$", status, re.M)
+    assert re.search(r"^NoNewPrivs:\s+1$", status, re.M)
+    bounding = re.search(r"^CapBnd:\s+([0-9a-f]+)$", status, re.M)
+    assert bounding and int(bounding[1], 16) == LAUNCHER_CAPS, status
+
+
+def test_deploy_turn_runs_over_https_as_the_roles_own_uid(host: Host) -> None:
+    role_uid, _ = host.role_ids()
+    workspace = host.workspace / "builder"
     with host.client(host.tokens["builder"]) as c:
         response = c.post(
-            "/v1/turns", json={"role": "builder", "argv": ["id", "-u"], "cwd": str(host.workspace)}
+            "/v1/turns",
+            json={
+                "role": "builder",
+                "argv": ["sh", "-c", "id -u && touch made-by-a-turn"],
+                "cwd": str(workspace),
+            },
         )
         assert response.status_code == 201, response.text
         evs = events(c, response.json()["turn_id"])
-    assert output(evs).strip() == str(host.uid)
+    assert output(evs).strip() == str(role_uid) != str(host.uid)
     assert evs[-1].kind == "exit" and evs[-1].exit_code == 0
+    made = (workspace / "made-by-a-turn").stat()
+    assert (made.st_uid, made.st_gid) == (role_uid, grp.getgrnam(host.user).gr_gid)
 
 
 # --- re-runs --------------------------------------------------------------------------------
@@ -558,10 +598,11 @@ def test_deploy_upgrade_switches_release_and_keeps_tokens_config_and_ledger(host
     assert host.config.read_bytes() == config
     with host.client(host.tokens["builder"]) as c:
         response = c.post(
-            "/v1/turns", json={"role": "builder", "argv": ["id", "-u"], "cwd": str(host.workspace)}
+            "/v1/turns",
+            json={"role": "builder", "argv": ["id", "-u"], "cwd": str(host.workspace / "builder")},
         )
         assert response.status_code == 201, response.text
-        assert output(events(c, response.json()["turn_id"])).strip() == str(host.uid)
+        assert output(events(c, response.json()["turn_id"])).strip() == str(host.role_ids()[0])
     assert _ledger_count(host) > ledger_before
 
 
@@ -637,7 +678,17 @@ def test_doctor_on_the_deployed_host_says_what_is_enforced(host: Host) -> None:
     report = json.loads(proc.stdout)
     assert report["uid"] == host.uid  # root's run re-ran the checks as the server's user
     found = {f["area"]: f for f in report["findings"]}
-    for area in ("config", "backend", "seccomp", "state", "disk", "tls-key", "tls-cert"):
+    for area in (
+        "config",
+        "launcher",
+        "workspaces",
+        "backend",
+        "seccomp",
+        "state",
+        "disk",
+        "tls-key",
+        "tls-cert",
+    ):
         assert found[area]["status"] == "ok", found[area]
     assert found["server"]["summary"].startswith(host.url)
     assert found["forbidden"]["status"] == "info"
@@ -682,36 +733,43 @@ def test_doctor_names_each_degraded_thing_with_a_fix(
 # --- the unit file, for a deployed user and prefix -------------------------------------------
 
 
-def test_unit_file_passes_systemd_analyze_verify(host: Host, tmp_path: Path) -> None:
+def test_unit_files_pass_systemd_analyze_verify(host: Host, tmp_path: Path) -> None:
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
         pytest.skip(
-            "systemd-analyze is not installed here; the unit was checked by "
-            "test_unit_file_is_hardened_and_leaves_what_bubblewrap_needs only"
+            "systemd-analyze is not installed here; the units were checked by "
+            "tests/test_deploy_systemd_unit.py only"
         )
-    unit = tmp_path / "paddock-target.service"
-    unit.write_text(
-        print_unit(
-            "--user",
-            host.user,
-            "--prefix",
-            str(host.prefix),
-            "--state-root",
-            str(host.state),
-            "--config-dir",
-            str(host.config_dir),
-            "--workspace",
-            str(host.workspace),
-        )
+    options = (
+        "--user",
+        host.user,
+        "--prefix",
+        str(host.prefix),
+        "--state-root",
+        str(host.state),
+        "--config-dir",
+        str(host.config_dir),
+        "--workspace",
+        str(host.workspace),
     )
+    units = {
+        tmp_path / "paddock-target.service": print_unit(*options),
+        tmp_path / "paddock-launcher.service": print_unit("--print-launcher-unit", *options),
+    }
+    for unit, text in units.items():
+        unit.write_text(text)
     proc = subprocess.run(
-        [analyze, "verify", "--man=no", str(unit)],
+        [analyze, "verify", "--man=no", *map(str, units)],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
-    said = [line for line in (proc.stdout + proc.stderr).splitlines() if unit.name in line]
+    said = [
+        line
+        for line in (proc.stdout + proc.stderr).splitlines()
+        if any(unit.name in line for unit in units)
+    ]
     assert proc.returncode == 0 and said == [], proc.stdout + proc.stderr
 
 

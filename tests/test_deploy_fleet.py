@@ -171,6 +171,7 @@ class Machine:
                 f'state-root = "{self.base / "state"}"',
                 f'config-dir = "{self.base / "etc"}"',
                 f'bin-dir = "{self.base / "bin"}"',
+                f'launcher-socket = "{self.base / "run" / "launcher.sock"}"',
                 f'user = "{self.user}"',
                 f'listen = "127.0.0.1:{self.port}"',
                 f'workspace = ["{self.workspace}"]',
@@ -250,7 +251,14 @@ class Fleet:
 
     def run_id(self, machine: Machine) -> subprocess.CompletedProcess[str]:
         return self.paddock(
-            "run", "-t", machine.name, "--cwd", str(machine.workspace), "--", "id", "-un"
+            "run",
+            "-t",
+            machine.name,
+            "--cwd",
+            str(machine.workspace / "builder"),
+            "--",
+            "id",
+            "-un",
         )
 
     def stored(self) -> set[str]:
@@ -341,7 +349,8 @@ def test_fleet_one_host_fails_and_rolls_back_the_other_deploys_and_serves(fleet:
     assert rows["west"][:3] == ["rolled back", "config", "-"]
     assert fleet.stored() == {"east"}
     ran = fleet.run_id(fleet.machines[0])
-    assert (ran.returncode, ran.stdout.strip()) == (0, fleet.machines[0].user), ran.stderr
+    # The turn acts as its role (named in the fence's passwd), not as the service user.
+    assert (ran.returncode, ran.stdout.strip()) == (0, "builder"), ran.stderr
     fleet.pids["east"] = fleet.machines[0].server_pid()
 
 
@@ -358,7 +367,7 @@ def test_fleet_from_sources_builds_the_wheel_once_for_every_host(fleet: Fleet) -
     assert fleet.stored() == {"east", "west"}
     for machine in fleet.machines:
         ran = fleet.run_id(machine)
-        assert (ran.returncode, ran.stdout.strip()) == (0, machine.user), ran.stderr
+        assert (ran.returncode, ran.stdout.strip()) == (0, "builder"), ran.stderr
         fleet.pids[machine.name] = machine.server_pid()
 
 

@@ -83,6 +83,7 @@ def test_protocol_passed_options_reach_the_script_as_the_agent_gives_them() -> N
         "--service": ["--service", "supervised"],
         "--bin-dir": ["--bin-dir", "/b"],
         "--workspace": ["--workspace", "/w1", "--workspace", "/w2"],
+        "--launcher-socket": ["--launcher-socket", "/r/l.sock"],
         "--tls-host": ["--tls-host", "h1"],
     }
     assert {o.flag for o in protocol.PASSED_OPTIONS} == set(given)

@@ -47,6 +47,7 @@ from agent_side.deploy import (
 )
 from agent_side.errors import UsageError
 from agent_side.ssh import Endpoint
+from target_side.config import load_settings
 
 CLI = [sys.executable, "-m", "agent_side.cli"]
 NAME = "lab"
@@ -239,6 +240,11 @@ class Host:
         return pwd.getpwnam(self.user).pw_uid
 
     @property
+    def role_uid(self) -> int:
+        """The host uid the builder role's turns run as (never the service user's)."""
+        return load_settings(self.config_dir / "target.toml").role_ids("builder")[0]
+
+    @property
     def stored(self) -> Path:
         return self.home / "xdg" / "paddock"
 
@@ -295,6 +301,8 @@ class Host:
             f"127.0.0.1:{self.port}",
             "--workspace",
             str(self.workspace),
+            "--launcher-socket",
+            str(self.base / "run" / "launcher.sock"),
             "--bin-dir",
             str(self.base / "bin"),
             # The system python3: root's shell here may put another first on the PATH.
@@ -307,7 +315,8 @@ class Host:
         )
 
     def run_id(self) -> subprocess.CompletedProcess[str]:
-        return self.paddock("run", "-t", NAME, "--cwd", str(self.workspace), "--", "id", "-u")
+        cwd = str(self.workspace / "builder")
+        return self.paddock("run", "-t", NAME, "--cwd", cwd, "--", "id", "-u")
 
     def server_pid(self) -> int:
         proc = subprocess.run(
@@ -403,7 +412,7 @@ def test_run_with_the_stored_target_goes_through_the_ssh_route(host: Host) -> No
     logins = host.sshd.accepted_logins()
     ran = host.run_id()
     assert ran.returncode == 0, ran.stderr
-    assert ran.stdout.strip() == str(host.uid)
+    assert ran.stdout.strip() == str(host.role_uid)
     assert host.sshd.accepted_logins() == logins + 1  # one SSH connection carried the turn
     health = host.paddock("health", "-t", NAME)
     assert json.loads(health.stdout)["status"] in {"armed", "degraded"}, health.stderr
@@ -450,7 +459,7 @@ def test_rerun_building_the_same_sources_changes_nothing_and_can_store_the_https
     logins = host.sshd.accepted_logins()
     ran = host.run_id()
     assert ran.returncode == 0, ran.stderr
-    assert ran.stdout.strip() == str(host.uid)
+    assert ran.stdout.strip() == str(host.role_uid)
     assert host.sshd.accepted_logins() == logins  # straight over HTTPS, pinned CA
 
 
@@ -467,7 +476,7 @@ def test_failed_deploy_rolls_back_and_the_previous_install_keeps_serving(host: H
     assert host.uploads() == before
     assert host.server_pid() == pid
     ran = host.run_id()
-    assert ran.returncode == 0 and ran.stdout.strip() == str(host.uid), ran.stderr
+    assert ran.returncode == 0 and ran.stdout.strip() == str(host.role_uid), ran.stderr
 
 
 @needs_host

@@ -22,6 +22,7 @@ SETTINGS = {
     "prefix": "/opt/paddock",
     "config": "/etc/paddock/target.toml",
     "run_dir": "/var/lib/paddock/supervisor",
+    "launcher_dir": "/opt/paddock/launcher",
     "python": SYSTEM_PYTHON,
 }
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="the settings must belong to root")

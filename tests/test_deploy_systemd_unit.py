@@ -97,3 +97,36 @@ def test_unit_file_refuses_paths_it_cannot_carry() -> None:
     assert proc.returncode == 2 and "whitespace" in proc.stderr
     escaped = _parse_unit(print_unit("--workspace", "/srv/100%"))["Service"]["ReadWritePaths"]
     assert escaped == ["/var/lib/paddock /srv/100%%"]  # '%' starts a specifier in unit files
+
+
+def test_launcher_unit_is_root_bounded_to_its_capabilities_in_the_servers_view() -> None:
+    options = ("--state-root", "/var/lib/pdk", "--workspace", "/srv/w1")
+    launcher = _parse_unit(print_unit("--print-launcher-unit", *options))
+    server = _parse_unit(print_unit(*options))
+    service = launcher["Service"]
+    assert "User" not in service  # root: it switches uids
+    assert service["CapabilityBoundingSet"] == [
+        "CAP_SETUID CAP_SETGID CAP_KILL CAP_CHOWN CAP_DAC_OVERRIDE"
+    ]
+    assert service["AmbientCapabilities"] == [""] and service["NoNewPrivileges"] == ["yes"]
+    assert service["Type"] == ["notify"]  # ready once it listens: the server starts after
+    assert service["RuntimeDirectory"] == ["paddock"]
+    assert service["ExecStart"] == [
+        "/opt/paddock/current/bin/paddock-target launcher --config /etc/paddock/target.toml"
+    ]
+    # Fences are made in the launcher's view of the filesystem: the server's, to the letter.
+    shared = ("ProtectSystem", "ReadWritePaths", "ProtectHome", "PrivateTmp", "PrivateDevices")
+    for key in shared:
+        assert service[key] == server["Service"][key], key
+    for key in ABSENT:
+        assert key not in service, key
+    assert "paddock-launcher.service" in server["Unit"]["After"][0].split()
+    assert "paddock-launcher.service" in server["Unit"]["Wants"][0].split()
+
+
+def test_launcher_unit_writes_a_socket_directory_outside_run() -> None:
+    service = _parse_unit(
+        print_unit("--print-launcher-unit", "--launcher-socket", "/srv/sock/launcher.sock")
+    )["Service"]
+    assert "RuntimeDirectory" not in service
+    assert service["ReadWritePaths"] == ["/var/lib/paddock /srv/paddock/work /srv/sock"]

@@ -13,9 +13,10 @@ from paddock_deploy.errors import Refused
 from paddock_deploy.progress import Progress
 from paddock_deploy.protocol import PASSED_OPTIONS, STEPS, Exit, failure_result
 from paddock_deploy.runner import deploy, deploy_lock, interrupted
-from paddock_deploy.systemd_unit import render_unit
+from paddock_deploy.systemd_unit import render_launcher_unit, render_unit
 
 DEFAULT_WORKSPACE = "/srv/paddock/work"
+DEFAULT_LAUNCHER_SOCKET = "/run/paddock/launcher.sock"
 
 
 def _absolute(text: str) -> str:
@@ -65,24 +66,30 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--print-unit",
         action="store_true",
-        help="print the systemd unit these options give, and change nothing",
+        help="print the server's systemd unit these options give, and change nothing",
+    )
+    p.add_argument(
+        "--print-launcher-unit",
+        action="store_true",
+        help="print the launcher's systemd unit these options give, and change nothing",
     )
     p.add_argument("--fail-at", choices=STEPS, help=argparse.SUPPRESS)
     return p
 
 
 def print_unit(opts: argparse.Namespace) -> Exit:
+    common = {
+        "prefix": Path(opts.prefix),
+        "config": Path(opts.config_dir) / CONFIG_NAME,
+        "state_root": Path(opts.state_root or DEFAULT_STATE_ROOT),
+        "workspaces": opts.workspace,
+    }
     try:
-        sys.stdout.write(
-            render_unit(
-                user=opts.user,
-                group=opts.user,
-                prefix=Path(opts.prefix),
-                config=Path(opts.config_dir) / CONFIG_NAME,
-                state_root=Path(opts.state_root or DEFAULT_STATE_ROOT),
-                workspaces=opts.workspace,
-            )
-        )
+        if opts.print_launcher_unit:
+            text = render_launcher_unit(socket=Path(opts.launcher_socket), **common)
+        else:
+            text = render_unit(user=opts.user, group=opts.user, **common)
+        sys.stdout.write(text)
     except Refused as exc:
         print(f"paddock-deploy: {exc}", file=sys.stderr)
         return Exit.REFUSED
@@ -92,7 +99,9 @@ def print_unit(opts: argparse.Namespace) -> Exit:
 def main(argv: list[str] | None = None) -> int:
     opts = parser().parse_args(argv)
     opts.workspace = opts.workspace or [DEFAULT_WORKSPACE]
-    if opts.print_unit:
+    opts.given_launcher_socket = opts.launcher_socket
+    opts.launcher_socket = opts.launcher_socket or DEFAULT_LAUNCHER_SOCKET
+    if opts.print_unit or opts.print_launcher_unit:
         return print_unit(opts)
     progress = Progress(opts.json)
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):

@@ -20,7 +20,7 @@ from paddock_deploy.errors import DeployError
 from paddock_deploy.files import write_file
 from paddock_deploy.progress import Progress
 from paddock_deploy.service_user import Account
-from paddock_deploy.systemd_unit import UNIT_DIR, UNIT_NAME
+from paddock_deploy.systemd_unit import LAUNCHER_UNIT_NAME, UNIT_DIR, UNIT_NAME
 from paddock_deploy.transaction import Transaction
 
 CONFIG_NAME = "target.toml"
@@ -74,6 +74,8 @@ class Context:
     was_running: bool = False
     server_pid: int | None = None
     health: dict[str, Any] = field(default_factory=dict)
+    role_ids: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Each role's host uid and gid, as the config gives them (``config check --json``)."""
 
     # -- paths
 
@@ -108,6 +110,19 @@ class Context:
     @property
     def unit_file(self) -> Path:
         return UNIT_DIR / UNIT_NAME
+
+    @property
+    def launcher_unit_file(self) -> Path:
+        return UNIT_DIR / LAUNCHER_UNIT_NAME
+
+    @property
+    def launcher_socket(self) -> Path:
+        return Path(self.opts.launcher_socket)
+
+    @property
+    def launcher_dir(self) -> Path:
+        """Supervised mode: the launcher keeper's pid files and log, root's alone."""
+        return self.prefix / "launcher"
 
     @property
     def command_link(self) -> Path:

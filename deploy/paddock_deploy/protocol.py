@@ -211,8 +211,16 @@ PASSED_OPTIONS = (
     Option(
         "--workspace",
         "DIR",
-        "a directory new roles may work in (repeatable; default /srv/paddock/work)",
+        "each new role works in DIR/ROLE, a directory of its own uid "
+        "(repeatable; default /srv/paddock/work)",
         repeated=True,
+        path=True,
+    ),
+    Option(
+        "--launcher-socket",
+        "PATH",
+        "where the privileged launcher listens for the server "
+        "(default /run/paddock/launcher.sock; an existing config wins)",
         path=True,
     ),
     Option(

@@ -15,7 +15,7 @@ import posixpath
 from collections.abc import Mapping
 
 from target_side.errors import PathChanged
-from target_side.fence.held import open_no_follow
+from target_side.fence.nofollow import open_no_follow
 
 log = logging.getLogger("paddock.target")
 

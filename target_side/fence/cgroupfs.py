@@ -6,10 +6,14 @@ limiter (which creates turn cgroups) and ``doctor`` (which only looks).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 CONTROLLERS = ("memory", "pids", "cpu")
+TURN_PREFIX = "paddock-"
+TURN_CGROUP = re.compile(rf"{TURN_PREFIX}(\d+)-t-[0-9a-f]+")
+"""A turn's cgroup: ``paddock-SERVERPID-TURNID``, made below the server's own."""
 V1_USAGE = "cpuacct"
 """cgroup v1 keeps cpu usage in its own controller; joined only to report ``cpu_s``."""
 

@@ -19,11 +19,10 @@ from dataclasses import dataclass, field
 
 from target_side import trust
 from target_side.errors import PathChanged
+from target_side.fence.nofollow import open_no_follow
 from target_side.policy import refusals
 from target_side.policy.mounts import Mount
 from target_side.policy.plan import FencePlan
-
-HOLD_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 
 FailureHook = Callable[[str], None]
 """Called with each seam's name before it is crossed; tests raise from it or swap paths."""
@@ -31,39 +30,6 @@ FailureHook = Callable[[str], None]
 
 def no_failure(step: str) -> None:
     return None
-
-
-def open_no_follow(path: str) -> int:
-    """An ``O_PATH`` descriptor for canonical ``path``, refusing any symlink along the way.
-
-    Each component is opened relative to its parent's descriptor, so nothing
-    is looked up by name twice and no symlink is ever followed.
-    """
-    if not path.startswith("/"):
-        raise PathChanged(f"{path} is not absolute")
-    fd = os.open("/", HOLD_FLAGS | os.O_DIRECTORY)
-    names = [n for n in path.split("/") if n]
-    try:
-        for i, name in enumerate(names):
-            if name in (".", ".."):
-                raise PathChanged(f"{path} is not canonical")
-            parent, fd = fd, -1
-            try:
-                fd = os.open(name, HOLD_FLAGS, dir_fd=parent)
-            finally:
-                os.close(parent)
-            mode = os.fstat(fd).st_mode
-            if stat.S_ISLNK(mode):
-                raise PathChanged(f"{'/' + '/'.join(names[: i + 1])} is now a symlink")
-            if i < len(names) - 1 and not stat.S_ISDIR(mode):
-                raise PathChanged(f"{'/' + '/'.join(names[: i + 1])} is no longer a directory")
-    except FileNotFoundError as exc:
-        _close(fd)
-        raise PathChanged(f"a component of {path} is gone ({exc.strerror})") from exc
-    except BaseException:
-        _close(fd)
-        raise
-    return fd
 
 
 def hold(path: str, identity: tuple[int, int] | None) -> int:

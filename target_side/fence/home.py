@@ -9,6 +9,13 @@ home by its path, so the directories above it may be searched by anyone
 but not the home itself, since its parent is not theirs. Whatever is found
 where the home should be, every step here opens relative to its parent's
 descriptor with ``O_NOFOLLOW``: a symlink is never followed, it is moved aside.
+
+Standard library and the error tree only: where the server is not root, the
+privileged launcher runs this for it, as root, with ``server`` naming the ids
+the server's own directories belong to. Root then makes the home, sets its
+mode while it still owns it, and only then gives it away, so no step needs
+``CAP_FOWNER``; a home the role itself left with a wrong mode is repaired by
+``fix_mode``, which the launcher runs as the role.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from target_side.errors import HomeError
@@ -48,29 +55,48 @@ def _at_least_searchable(fd: int) -> None:
         os.fchmod(fd, (mode | 0o011) & ~0o066)
 
 
-def prepare_home(state_root: Path, role: str, uid: int, gid: int) -> str | None:
+FixMode = Callable[[int, int], None]
+"""``fix_mode(fd, mode)``: set the mode of the role's own home, open at ``fd``."""
+
+
+def prepare_home(
+    state_root: Path,
+    role: str,
+    uid: int,
+    gid: int,
+    *,
+    server: tuple[int, int] | None = None,
+    fix_mode: FixMode = os.fchmod,
+) -> str | None:
     """Make ``STATE/roles/ROLE/home`` a directory of ``uid:gid``, mode 0700.
 
-    Returns a sentence when something had to be repaired (for the turn's
-    notice and the log), else None. Raises ``HomeError`` if it cannot be made.
+    ``server`` is the uid and gid the state root's own directories belong to
+    (default: this process's). Returns a sentence when something had to be
+    repaired (for the turn's notice and the log), else None. Raises
+    ``HomeError`` if it cannot be made.
     """
+    owner = server if server is not None else (os.getuid(), os.getgid())
     with _LOCKS.setdefault((str(state_root), role), threading.Lock()):
-        return _prepare(state_root, role, uid, gid)
+        return _prepare(state_root, role, uid, gid, owner, fix_mode)
 
 
 _LOCKS: dict[tuple[str, str], threading.Lock] = {}
 """One at a time per role: turns starting together must not each make (or move) its home."""
 
 
-def _prepare(state_root: Path, role: str, uid: int, gid: int) -> str | None:
+def _prepare(
+    state_root: Path, role: str, uid: int, gid: int, owner: tuple[int, int], fix_mode: FixMode
+) -> str | None:
     try:
         state = os.open(state_root, DIR_FLAGS)
     except OSError as exc:
         raise HomeError(f"cannot open the state root {state_root}: {exc.strerror}") from exc
     try:
+        if os.fstat(state).st_uid != owner[0]:
+            raise HomeError(f"{state_root} is not owned by the server's uid {owner[0]}")
         _at_least_searchable(state)
-        with _server_dir(state, "roles") as roles, _server_dir(roles, role) as mine:
-            return _home(mine, f"{state_root}/roles/{role}", uid, gid)
+        with _server_dir(state, "roles", owner) as roles, _server_dir(roles, role, owner) as mine:
+            return _home(mine, f"{state_root}/roles/{role}", uid, gid, fix_mode)
     except OSError as exc:
         raise HomeError(f"cannot prepare the home of role {role!r}: {exc}") from exc
     finally:
@@ -78,14 +104,21 @@ def _prepare(state_root: Path, role: str, uid: int, gid: int) -> str | None:
 
 
 @contextlib.contextmanager
-def _server_dir(parent: int, name: str) -> Iterator[int]:
+def _server_dir(parent: int, name: str, owner: tuple[int, int]) -> Iterator[int]:
     """The server's own private directory ``name`` under ``parent``, made if missing."""
+    made = False
     with contextlib.suppress(FileExistsError):
         os.mkdir(name, SEARCHABLE, dir_fd=parent)
+        made = True
     fd = os.open(name, DIR_FLAGS, dir_fd=parent)
     try:
         st = os.fstat(fd)
-        if st.st_uid != os.getuid():
+        if made and st.st_uid != owner[0]:
+            # Made by the launcher, as root: the mode first, while root still owns it.
+            os.fchmod(fd, SEARCHABLE)
+            os.fchown(fd, *owner)
+            st = os.fstat(fd)
+        if st.st_uid != owner[0]:
             raise HomeError(f"{name} is owned by uid {st.st_uid}, not the server's")
         if stat.S_IMODE(st.st_mode) != SEARCHABLE:
             os.fchmod(fd, SEARCHABLE)
@@ -94,7 +127,7 @@ def _server_dir(parent: int, name: str) -> Iterator[int]:
         os.close(fd)
 
 
-def _home(parent: int, where: str, uid: int, gid: int) -> str | None:
+def _home(parent: int, where: str, uid: int, gid: int, fix_mode: FixMode) -> str | None:
     repaired = None
     try:
         fd = os.open(HOME, DIR_FLAGS, dir_fd=parent)
@@ -112,7 +145,7 @@ def _home(parent: int, where: str, uid: int, gid: int) -> str | None:
             repaired = _move_aside(parent, where, f"belonged to uid {st.st_uid}, not {uid}")
             fd = _make(parent, uid, gid)
         elif stat.S_IMODE(st.st_mode) != 0o700:
-            os.fchmod(fd, 0o700)
+            fix_mode(fd, 0o700)
     finally:
         if fd >= 0:
             os.close(fd)
@@ -129,8 +162,8 @@ def _make(parent: int, uid: int, gid: int) -> int:
     os.mkdir(staging, 0o700, dir_fd=parent)
     try:
         fd = os.open(staging, DIR_FLAGS, dir_fd=parent)
+        os.fchmod(fd, 0o700)  # before the chown: changing the mode of another's needs CAP_FOWNER
         os.fchown(fd, uid, gid)
-        os.fchmod(fd, 0o700)
         os.close(fd)
         os.rename(staging, HOME, src_dir_fd=parent, dst_dir_fd=parent)
     except OSError as exc:

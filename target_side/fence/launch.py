@@ -6,9 +6,10 @@ system-call filter as an in-memory file, and the fence waits at ``--block-fd``
 until the runner has put it into the turn's limits.
 
 bubblewrap never runs as root or as the server: it is started as the role's
-own uid and gid, with no supplementary groups, so everything it and the turn
-do on the host (files created, sockets connected, processes signalled) meets
-the kernel's permission checks as that uid. It runs under a fixed minimal
+own uid and gid, with no supplementary groups (by the server itself when it is
+root, else by the privileged launcher: ``fence.identity``), so everything it
+and the turn do on the host (files created, sockets connected, processes
+signalled) meets the kernel's permission checks as that uid. It runs under a fixed minimal
 environment; the turn's variables, and every option, reach it through a
 descriptor (``--args``): not through its environment, where a declared
 ``LD_PRELOAD`` would load into bubblewrap itself, and not on its command line,
@@ -17,33 +18,27 @@ where any user of the host could read them.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import os
 import shutil
 import subprocess
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from shared.wire import Refusal
-from target_side.errors import BackendError, LimitError
+from target_side.errors import BackendError, LauncherError, LimitError
 from target_side.fence import syscall_filter
 from target_side.fence.held import FailureHook, HeldFence, hold_fence, no_failure
+from target_side.fence.identity import BWRAP_ENV, Identity, InProcess
 from target_side.fence.limits import Limiter, TurnLimits
 from target_side.fence.runner import Emit, Gate, RunningTurn
 from target_side.policy import refusals
 from target_side.policy.mounts import Mount
 from target_side.policy.plan import SCRIPT_PATH, FencePlan
 
-TRUSTED_BIN_PATH = "/usr/bin:/bin:/usr/local/bin"
+TRUSTED_BIN_PATH = BWRAP_ENV["PATH"]
 """Where bwrap is looked for: never the server's own $PATH, which the environment could bend."""
-
-BWRAP_ENV = {"PATH": TRUSTED_BIN_PATH}
-"""All the environment bubblewrap itself gets."""
-
-TURN_UMASK = 0o022
-"""One umask for every turn, whatever the server was started with."""
 
 
 @dataclass(frozen=True)
@@ -237,14 +232,17 @@ async def launch_turn(
     emit: Emit,
     limiter: Limiter,
     inject: FailureHook = no_failure,
+    identity: Identity | None = None,
 ) -> RunningTurn:
     """Hold every checked path, set up limits and filter, and start bubblewrap as the role.
 
     ``inject`` is called with ``check-to-open`` (before the paths are opened)
     and ``open-to-launch`` (after, just before bubblewrap starts): the seams
-    tests use to swap a path. Every descriptor is closed here once bubblewrap
-    has its own copies; on any failure nothing is left behind.
+    tests use to swap a path. ``identity`` starts it (default: this process,
+    which must be root or the role's uid). Every descriptor is closed here once
+    bubblewrap has its own copies; on any failure nothing is left behind.
     """
+    starter = identity if identity is not None else InProcess()
     opened: list[int] = []
     limits: TurnLimits | None = None
     try:
@@ -266,11 +264,13 @@ async def launch_turn(
         fds = replace(fds, args=_opened(opened, args_fd(bwrap_options(plan, fds))))
         inject("open-to-launch")
         argv = bwrap_argv(bwrap, plan, fds, limits.rlimit_prefix(plan.uid))
-        process = await spawn_as(
-            argv, plan.uid, plan.gid, fds.passed(), plan.stdin_open, env=BWRAP_ENV
+        process = await starter.spawn(
+            plan.role, (plan.uid, plan.gid), argv, fds.passed(), plan.stdin_open
         )
-    except LimitError as exc:
+    except (LimitError, LauncherError) as exc:
         _close_all(opened)
+        if limits is not None:
+            limits.remove_now()
         raise refusals.backend_unavailable(str(exc)) from exc
     except OSError as exc:
         _close_all(opened)
@@ -295,38 +295,6 @@ async def launch_turn(
     )
 
 
-async def spawn_as(
-    argv: Sequence[str],
-    uid: int,
-    gid: int,
-    pass_fds: Sequence[int],
-    stdin_open: bool,
-    *,
-    env: Mapping[str, str] = BWRAP_ENV,
-) -> asyncio.subprocess.Process:
-    """Start ``argv`` as ``uid:gid`` with no supplementary groups, pipes for every stream.
-
-    ``env`` is all the environment it gets: bubblewrap's own fixed one, never a
-    turn's. As the server's own uid nothing is switched (a private target whose
-    turns run as its operator, ``[fence] identity = "server"``).
-    """
-    switch = (uid, gid) != (os.getuid(), os.getgid())
-    return await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.PIPE if stdin_open else asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=dict(env),
-        pass_fds=tuple(pass_fds),
-        start_new_session=True,  # a Ctrl-C at the server's terminal is not the turn's
-        close_fds=True,
-        umask=TURN_UMASK,
-        user=uid if switch else None,
-        group=gid if switch else None,
-        extra_groups=[] if switch else None,
-    )
-
-
 def _pipe(opened: list[int]) -> tuple[int, int]:
     read, write = os.pipe()
     opened += (read, write)
@@ -345,8 +313,11 @@ def _close_all(fds: Iterable[int]) -> None:
             os.close(fd)
 
 
-async def probe(bwrap: str, uid: int, gid: int) -> str | None:
-    """Run ``true`` in a minimal fence as ``uid:gid``, under the filter; None if it worked."""
+async def probe(
+    bwrap: str, role: str, ids: tuple[int, int], identity: Identity | None = None
+) -> str | None:
+    """Run ``true`` in a minimal fence as ``role``'s ids, under the filter; None if it worked."""
+    uid, gid = ids
     seccomp = syscall_filter.filter_fd(network=False)
     filter_args = ["--seccomp", str(seccomp)] if seccomp is not None else []
     argv = [
@@ -369,12 +340,16 @@ async def probe(bwrap: str, uid: int, gid: int) -> str | None:
         "--",
         "/usr/bin/true",
     ]
+    starter = identity if identity is not None else InProcess()
     try:
-        proc = await spawn_as(argv, uid, gid, () if seccomp is None else (seccomp,), False)
+        proc = await starter.spawn(role, ids, argv, () if seccomp is None else (seccomp,), False)
+    except LauncherError as exc:
+        return str(exc)
     finally:
         if seccomp is not None:
             os.close(seccomp)
     _, err = await proc.communicate()
+    proc.release()
     if proc.returncode == 0:
         return None
     return err.decode(errors="replace").strip() or f"bwrap exited {proc.returncode}"

@@ -40,7 +40,6 @@ import contextlib
 import errno
 import logging
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -52,6 +51,8 @@ from shared.wire import PlannedLimits
 from target_side.errors import LimitError
 from target_side.fence.cgroupfs import (
     CONTROLLERS,
+    TURN_CGROUP,
+    TURN_PREFIX,
     V1_USAGE,
     CgroupMount,
     cgroup_mounts,
@@ -66,13 +67,11 @@ log = logging.getLogger("paddock.target")
 
 CPU_PERIOD_US = 100_000
 TRUSTED_BIN_PATH = "/usr/bin:/bin"
-TURN_PREFIX = "paddock-"
 SERVER_LEAF = "paddock-server"
 """On cgroup v2 the server moves itself here so its own cgroup may hand controllers down."""
 TURNS_PARENT = "paddock-turns"
 """The parent of every turn cgroup, below the server's own: the bound on all turns together."""
 REMOVE_TRIES = 100
-_TURN_CGROUP = re.compile(rf"{TURN_PREFIX}(\d+)-t-[0-9a-f]+")
 
 
 @dataclass(frozen=True)
@@ -225,7 +224,7 @@ class Limiter:
 def _reap_in(place: Path) -> None:
     with contextlib.suppress(OSError):
         for entry in place.iterdir():
-            match = _TURN_CGROUP.fullmatch(entry.name)
+            match = TURN_CGROUP.fullmatch(entry.name)
             if match and not _alive(int(match[1])) and entry.is_dir():
                 with contextlib.suppress(OSError):
                     entry.rmdir()

@@ -8,6 +8,10 @@ reaper) dies the kernel kills whatever the turn left running.
 bubblewrap holds the fence's first process at ``--block-fd`` until the runner
 has put it into the turn's limits (``Gate``), so no process of the command
 starts outside them.
+
+The process is a ``FenceProcess``: the server's own child, or one the
+privileged launcher started as the role (``fence.identity``); signals, kills and
+the placement into limits go through it, the same either way.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from dataclasses import dataclass, field
 
 from shared.exit_status import ExitStatus, for_signal, signal_of
 from shared.wire import Refusal
-from target_side.errors import StorageError
+from target_side.errors import LauncherError, StorageError
+from target_side.fence.identity import FenceProcess
 from target_side.fence.limits import TurnLimits, Usage
 from target_side.policy import refusals
 
@@ -100,7 +105,7 @@ class RunningTurn:
 
     def __init__(
         self,
-        proc: asyncio.subprocess.Process,
+        proc: FenceProcess,
         status_fd: int,
         emit: Emit,
         wall_s: float,
@@ -120,7 +125,6 @@ class RunningTurn:
         self._stderr_tail = b""
         self._timed_out = False
         self._killed = False
-        self._reaper: int | None = None
         self._truncated = False
         self._started_at = time.monotonic()
         self._status_task = asyncio.create_task(self._read_status(status_fd))
@@ -144,9 +148,7 @@ class RunningTurn:
             await self._status_task
         finally:
             self._close_gate()
-            if self._reaper is not None:
-                os.close(self._reaper)
-                self._reaper = None
+            self._proc.release()
             usage = await self._release_limits()
         outcome = self._outcome(self._proc.returncode or 0)
         outcome.cpu_s, outcome.max_rss_kb = usage.cpu_s, usage.max_rss_kb
@@ -189,6 +191,15 @@ class RunningTurn:
                 wall,
                 self._truncated,
                 failure=self._spool_failure,
+            )
+        if self._proc.lost is not None:
+            return Outcome(
+                ExitStatus.PADDOCK_FAILED,
+                None,
+                None,
+                wall,
+                self._truncated,
+                failure=self._proc.lost,
             )
         if self._limit_failure is not None:
             refusal = refusals.backend_unavailable(self._limit_failure).refusal
@@ -247,43 +258,42 @@ class RunningTurn:
         )
         try:
             while line := await reader.readline():
-                self._absorb_status(line)
+                await self._absorb_status(line)
         finally:
             transport.close()
             self._status.started.set()
 
-    def _absorb_status(self, line: bytes) -> None:
-        with contextlib.suppress(ValueError):
+    async def _absorb_status(self, line: bytes) -> None:
+        child = None
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
             record = json.loads(line)
             if "child-pid" in record:
-                self._status.child_pid = int(record["child-pid"])
-                # Held as a pidfd so a later kill cannot hit a recycled pid.
-                with contextlib.suppress(OSError):
-                    self._reaper = os.pidfd_open(self._status.child_pid)
+                child = int(record["child-pid"])
                 self._status.pid_namespace = int(record.get("pid-namespace", 0)) or None
-                self._open_gate(self._status.child_pid)
-                self._status.started.set()
             if "exit-code" in record:
                 self._status.exit_code = int(record["exit-code"])
+        if child is not None:
+            self._status.child_pid = child
+            await self._open_gate(child)
+            self._status.started.set()
 
-    def _open_gate(self, sandbox_pid: int) -> None:
-        """Put the blocked fence into its limits, then let it run; a failure kills it unrun."""
-        if self._gate is None:
-            return
+    async def _open_gate(self, sandbox_pid: int) -> None:
+        """Hold the blocked fence, put it into its limits, then let it run; a failure kills it."""
+        limits = self._gate.limits if self._gate is not None else None
         try:
-            if self._gate.limits is not None:
-                self._gate.limits.place(sandbox_pid)
+            await self._proc.adopt(sandbox_pid, self._status.pid_namespace, limits)
         except ProcessLookupError:
             # The fence died while setting up: its own failure says why, not the limits.
             self._close_gate()
             return
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, LauncherError) as exc:
             self._limit_failure = f"the turn's limits could not be applied; it did not run: {exc}"
             self.kill()
             self._close_gate()
             return
-        with contextlib.suppress(OSError):
-            os.write(self._gate.block, b"\0")
+        if self._gate is not None:
+            with contextlib.suppress(OSError):
+                os.write(self._gate.block, b"\0")
         self._close_gate()
 
     def _close_gate(self) -> None:
@@ -293,11 +303,11 @@ class RunningTurn:
             self._gate.block = -1
 
     def signal(self, name: str) -> int:
-        """Send ``name`` to every process of the turn; returns how many were signalled."""
+        """Send ``name`` to every process of the turn; returns how many were signalled, if known."""
         if SIGNALS[name] == signal.SIGKILL:
             self.kill()
             return 1
-        return signal_namespace(self._status.pid_namespace, self._status.child_pid, SIGNALS[name])
+        return self._proc.signal_fence(SIGNALS[name])
 
     def kill(self) -> None:
         """SIGKILL the whole turn.
@@ -307,17 +317,12 @@ class RunningTurn:
         bwrap itself is killed (die-with-parent takes its child along).
         """
         self._killed = True
-        if self._reaper is not None:
-            with contextlib.suppress(OSError):
-                signal.pidfd_send_signal(self._reaper, signal.SIGKILL)
-        elif self._proc.returncode is None:
-            _send(self._proc.pid, signal.SIGKILL)
+        self._proc.kill_fence()
 
     def kill_now(self) -> None:
         """SIGKILL the fence and bwrap together (the server is going away)."""
         self.kill()
-        if self._proc.returncode is None:
-            _send(self._proc.pid, signal.SIGKILL)
+        self._proc.kill()
 
     async def write_stdin(self, data: bytes, eof: bool) -> None:
         stdin = self._proc.stdin
@@ -328,40 +333,3 @@ class RunningTurn:
             await stdin.drain()
         if eof:
             stdin.close()
-
-
-def signal_namespace(pid_ns: int | None, reaper: int | None, signum: int) -> int:
-    """Signal every process in pid namespace ``pid_ns`` except its reaper.
-
-    Each process is opened as a pidfd and its namespace checked through that
-    handle, so a pid recycled by another process is never signalled.
-    """
-    if pid_ns is None:
-        return 0
-    count = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == reaper:
-            continue
-        count += _signal_if_member(int(entry), pid_ns, signum)
-    return count
-
-
-def _signal_if_member(pid: int, pid_ns: int, signum: int) -> int:
-    try:
-        pidfd = os.pidfd_open(pid)
-    except OSError:
-        return 0
-    try:
-        if os.stat(f"/proc/{pid}/ns/pid").st_ino != pid_ns:
-            return 0
-        signal.pidfd_send_signal(pidfd, signum)
-        return 1
-    except OSError:
-        return 0
-    finally:
-        os.close(pidfd)
-
-
-def _send(pid: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signum)

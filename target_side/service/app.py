@@ -172,6 +172,7 @@ async def _sweep_forever(manager: TurnManager) -> None:
         try:
             await manager.sweep()
             await _check_config(manager)
+            await _check_backend(manager, manager.board)  # a launcher may come (back) later
         except Exception:
             log.exception("retention sweep failed; trying again later")
 
@@ -198,8 +199,8 @@ async def _check_backend(manager: TurnManager, board: HealthBoard) -> None:
             "only the fence stands between a turn and the server's files",
         )
     try:
-        uid, gid = host_ids(settings, next(iter(settings.roles)))
-        failure = await probe(manager.bwrap(), uid, gid)
+        role = next(iter(settings.roles))
+        failure = await probe(manager.bwrap(), role, host_ids(settings, role), manager.identity)
     except BackendError as exc:
         failure = str(exc)
     except RefusedError as exc:
@@ -210,6 +211,8 @@ async def _check_backend(manager: TurnManager, board: HealthBoard) -> None:
     unfiltered = syscall_filter.unavailable_reason()
     if unfiltered is not None:
         board.degrade("backend", f"turns run without the seccomp filter: {unfiltered}")
+    else:
+        board.recover("backend")
 
 
 def _check_limits(manager: TurnManager, board: HealthBoard) -> None:

@@ -56,10 +56,10 @@ from target_side.errors import (
     TurnNotRunning,
     UnknownTurn,
 )
-from target_side.fence import audit
 from target_side.fence.etc import CuratedEtc, RoleEntry
 from target_side.fence.held import FailureHook, no_failure
-from target_side.fence.home import open_state_root, prepare_home
+from target_side.fence.home import open_state_root
+from target_side.fence.identity import for_settings
 from target_side.fence.launch import find_bwrap, launch_turn, signal_reset_prefix
 from target_side.fence.limits import Limiter, Totals
 from target_side.fence.runner import Outcome, RunningTurn
@@ -138,6 +138,7 @@ class TurnManager:
         totals = Totals(server.memory_mb or default_memory_mb(), server.pids)
         self.limiter = Limiter.detect(totals=totals)
         self.etc = CuratedEtc(curated_etc_root(settings), ETC_ENTRIES, role_entries(settings))
+        self.identity = for_settings(settings)
         self._ledger: Ledger | None = None
         self._failures = 0
         self._lock = state_lock
@@ -365,8 +366,8 @@ class TurnManager:
 
     async def _prepare_home(self, record: TurnRecord, plan: FencePlan) -> None:
         try:
-            repaired = await asyncio.to_thread(
-                prepare_home, self.settings.state_root, plan.role, plan.uid, plan.gid
+            repaired = await self.identity.prepare_home(
+                self.settings.state_root, plan.role, (plan.uid, plan.gid)
             )
         except TargetError as exc:
             raise refusals.backend_unavailable(str(exc)) from exc
@@ -374,7 +375,9 @@ class TurnManager:
             record.spool.append_kept("notice", message=repaired)
 
     async def _spawn(self, bwrap: str, plan: FencePlan, spool: EventSpool) -> RunningTurn:
-        return await launch_turn(bwrap, plan, spool.append, self.limiter, self._inject)
+        return await launch_turn(
+            bwrap, plan, spool.append, self.limiter, self._inject, self.identity
+        )
 
     async def _follow(self, record: TurnRecord, plan: FencePlan) -> None:
         running = record.running
@@ -386,7 +389,14 @@ class TurnManager:
             log.exception("turn %s: lost track of its process", plan.turn_id)
             running.kill_now()
             outcome = Outcome(ExitStatus.PADDOCK_FAILED)
-        for said in await asyncio.to_thread(audit.enforce, plan.audit, plan.turn_id):
+        try:
+            moved = await self.identity.audit(
+                plan.role, (plan.uid, plan.gid), plan.audit, plan.turn_id
+            )
+        except TargetError as exc:
+            log.error("turn %s: the audit after it could not run: %s", plan.turn_id, exc)
+            moved = [f"the protected paths could not be checked after the turn: {exc}"]
+        for said in moved:
             record.spool.append_kept("notice", message=said)
         await self._finish(record, outcome)
 

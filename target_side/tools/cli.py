@@ -1,8 +1,14 @@
-"""``paddock-target``: serve, check a config, mint a token, make TLS files, doctor, ledger."""
+"""``paddock-target``: serve, launch, check a config, mint a token, make TLS files, doctor, ledger.
+
+Each command imports what it needs when it runs: ``launcher`` runs as root and
+loads nothing of the web server.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import logging
 import secrets
 import socket
@@ -13,11 +19,7 @@ from paddock_deploy.protocol import CONFIG_FILE
 from shared import __version__
 from target_side.config import load_settings
 from target_side.errors import LedgerError, TargetError
-from target_side.service import ledger
 from target_side.service.auth import token_sha256
-from target_side.service.server import serve
-from target_side.service.state_lock import StateLock
-from target_side.tools import config_file
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,10 +47,22 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--config", required=True, help="absolute path of the TOML config")
     run.set_defaults(handler=_serve)
 
+    launcher = commands.add_parser(
+        "launcher",
+        help="as root: start turns as their role's uid for a server that is not root",
+        description="The privileged launcher: listens on the [fence] launcher socket of the "
+        "config and serves only the server's uid (the state root's owner).",
+    )
+    launcher.add_argument("--config", type=_absolute, required=True, help="the target's config")
+    launcher.set_defaults(handler=_launcher)
+
     config = commands.add_parser("config", help="work with a config file")
     config_commands = config.add_subparsers(required=True, metavar="ACTION")
     check = config_commands.add_parser("check", help="report every problem in FILE")
     check.add_argument("file", type=_absolute)
+    check.add_argument(
+        "--json", action="store_true", help="problems, notes and each role's host ids as JSON"
+    )
     check.set_defaults(handler=_check)
     install = config_commands.add_parser("apply", help="install SOURCE at DEST if it checks clean")
     install.add_argument("source", type=_absolute)
@@ -114,19 +128,35 @@ def _absolute(text: str) -> Path:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from target_side.service.server import serve
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     serve(load_settings(args.config))
     return 0
 
 
+def _launcher(args: argparse.Namespace) -> int:
+    from target_side.fence import launcher
+
+    return launcher.main(args.config)
+
+
 def _check(args: argparse.Namespace) -> int:
+    from target_side.tools import config_file
+
     settings, problems = config_file.check(args.file)
+    notes = asyncio.run(config_file.identity_notes(settings)) if settings is not None else []
+    if args.json:
+        print(json.dumps(config_file.check_report(settings, problems, notes)))
+        return 1 if settings is None or problems else 0
     for problem in problems:
         # A problem with the file itself names it already; the others name their key.
         shown = problem if str(args.file) in problem else f"{args.file}: {problem}"
         print(shown, file=sys.stderr)
     if len(problems) > 1:
         print(f"{args.file}: {len(problems)} problems", file=sys.stderr)
+    for note in notes:
+        print(f"{args.file}: note: {note}")
     if settings is None or problems:
         return 1
     print(f"{args.file}: ok ({len(settings.roles)} role(s))")
@@ -134,12 +164,16 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _apply(args: argparse.Namespace) -> int:
+    from target_side.tools import config_file
+
     config_file.apply(args.source, args.dest)
     print(f"{args.dest}: installed from {args.source}")
     return 0
 
 
 def _mint(args: argparse.Namespace) -> int:
+    from target_side.tools import config_file
+
     if args.config is not None:
         token = config_file.mint_token(args.config, args.role)
         print(f"token for role {args.role} (shown once; its hash is now in {args.config}):")
@@ -187,6 +221,8 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _verify_ledger(args: argparse.Namespace) -> int:
+    from target_side.service import ledger
+
     settings = load_settings(args.config)
     try:
         verified = ledger.verify(settings.state_root)
@@ -205,6 +241,9 @@ def _verify_ledger(args: argparse.Namespace) -> int:
 
 
 def _repair_ledger(args: argparse.Namespace) -> int:
+    from target_side.service import ledger
+    from target_side.service.state_lock import StateLock
+
     settings = load_settings(args.config)
     # The server's lock: a repair under a running server would fork the chain it repairs.
     lock = StateLock.acquire(settings.state_root)

@@ -17,7 +17,8 @@ from typing import Any
 import tomlkit
 
 from target_side.config import Settings, parse_settings, settings_from
-from target_side.errors import ConfigError, UnsafeFileError
+from target_side.errors import ConfigError, LauncherError, UnsafeFileError
+from target_side.fence.launcher_client import ViaLauncher
 from target_side.policy import managed
 from target_side.safe_files import read_private, write_atomic
 from target_side.service.auth import token_sha256
@@ -47,11 +48,76 @@ def check(path: Path) -> tuple[Settings | None, list[str]]:
     settings, problems = settings_from(raw)
     if settings is not None:
         settings = settings.model_copy(update={"config_path": str(path)})
+        problems += launcher_problems(settings)
     # The filesystem is checked even when a key is wrong, so one run shows everything.
     problems += _path_problems(raw)
     if settings is not None:
         problems += identity_problems(settings) + managed_problems(settings)
     return settings, problems
+
+
+LAUNCHER_FIX = (
+    'set launcher = "/run/paddock/launcher.sock" in [fence] and run `paddock-target launcher '
+    "--config FILE` as root (paddock-deploy sets up both), or, for a private single-user "
+    'target, identity = "server"'
+)
+
+
+def launcher_problems(settings: Settings) -> list[str]:
+    """Why no turn could run as its role's uid in this process, if none could."""
+    fence = settings.fence
+    if fence.identity == "server" or fence.launcher is not None or os.getuid() == 0:
+        return []
+    return [
+        f"fence: every turn would be refused: this process runs as uid {os.getuid()}, not root, "
+        f"and [fence] launcher is not set: {LAUNCHER_FIX}"
+    ]
+
+
+async def identity_notes(settings: Settings) -> list[str]:
+    """How turns get their role's uid with these settings, and whether the launcher answers."""
+    fence = settings.fence
+    if fence.identity == "server":
+        return [
+            'every turn runs as the server\'s own uid (identity = "server"): only the fence '
+            "stands between a turn and the server's files"
+        ]
+    if fence.launcher is None:
+        if os.getuid() != 0:
+            return []
+        return [
+            "turns run as their role's uid only while the server runs as root: a server "
+            f"running as another user refuses every turn until {LAUNCHER_FIX}"
+        ]
+    try:
+        pid, hello = await ViaLauncher(fence.launcher).hello()
+    except LauncherError as exc:
+        return [f"{exc}; until it runs, every turn is refused"]
+    if "error" in hello:
+        return [
+            f"the launcher at {fence.launcher} runs as root (pid {pid}) and serves only the "
+            f"server's uid: {hello['error']}"
+        ]
+    return [
+        f"turns run as their role's uid through the launcher at {fence.launcher} (pid {pid}, "
+        f"root, paddock {hello.get('version')})"
+    ]
+
+
+def check_report(
+    settings: Settings | None, problems: list[str], notes: list[str]
+) -> dict[str, Any]:
+    """``config check --json``: problems, notes, and the host ids each role's turns run as."""
+    roles = {}
+    for name, role in settings.roles.items() if settings is not None else ():
+        uid, gid = settings.role_ids(name)
+        roles[name] = {"uid": uid, "gid": gid, "workspaces": list(role.workspaces)}
+    return {
+        "ok": settings is not None and not problems,
+        "problems": problems,
+        "notes": notes,
+        "roles": roles,
+    }
 
 
 def filesystem_problems(settings: Settings) -> list[str]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import grp
 import http.client
 import json
 import os
@@ -35,7 +36,7 @@ from paddock_deploy.protocol import CONFIG_FILE
 from shared.walk import canonical_path, mount_conflict
 from shared.wire import Health
 from target_side.config import Settings
-from target_side.errors import BackendError, RefusedError
+from target_side.errors import BackendError, LauncherError, RefusedError
 from target_side.fence import syscall_filter
 from target_side.fence.cgroupfs import (
     CONTROLLERS,
@@ -47,7 +48,9 @@ from target_side.fence.cgroupfs import (
     v2_mount,
     words,
 )
+from target_side.fence.identity import Identity, InProcess, for_settings
 from target_side.fence.launch import find_bwrap, probe
+from target_side.fence.launcher_client import START_HINT, ViaLauncher
 from target_side.policy.forbidden import ForbiddenEntry, forbidden_for
 from target_side.policy.plan import host_ids
 from target_side.service.turns import low_water
@@ -100,6 +103,8 @@ def examine(config: Path) -> list[Finding]:
     server = _find_server(settings, config)
     findings += [
         _server(server),
+        _launcher(settings),
+        _workspaces(settings),
         *_backend(settings),
         _seccomp(),
         _limits(server),
@@ -234,6 +239,165 @@ def _server(server: Server) -> Finding:
     )
 
 
+# --- the launcher ---------------------------------------------------------------------------
+
+
+def _launcher(settings: Settings) -> Finding:
+    """How turns get their role's uid here: root, the launcher (and does it answer?), or not."""
+    fence, owner = settings.fence, _state_owner(settings)
+    if fence.identity == "server":
+        return Finding(
+            "launcher",
+            "info",
+            'every turn runs as the server\'s own uid ([fence] identity = "server"): no '
+            "launcher is used, and only the fence stands between a turn and the server's files",
+        )
+    ids = tuple(f"role {r}: uid {u}, gid {g}" for r, (u, g) in _role_ids(settings).items())
+    if fence.launcher is None:
+        if owner == 0:
+            return Finding(
+                "launcher",
+                "ok",
+                "the server runs as root and starts each turn as its role's uid itself",
+                details=ids,
+            )
+        return Finding(
+            "launcher",
+            "degraded",
+            f"every turn is refused: the server runs as {_name(owner)}, not root, and "
+            "[fence] launcher is not set",
+            config_file.LAUNCHER_FIX,
+        )
+    clashes = _id_clashes(settings, owner)
+    try:
+        pid, hello = asyncio.run(ViaLauncher(fence.launcher).hello())
+    except LauncherError as exc:
+        return Finding("launcher", "degraded", f"every turn is refused: {exc}", START_HINT)
+    if "error" in hello:
+        summary = (
+            f"the launcher at {fence.launcher} runs as root (pid {pid}) but refused this "
+            f"check: {hello['error']}"
+        )
+        return Finding("launcher", "degraded", summary, "run doctor as root or as the server")
+    summary = (
+        f"the launcher at {fence.launcher} answers (pid {pid}, root, paddock "
+        f"{hello.get('version')}): turns run as their role's uid"
+    )
+    if clashes:
+        return Finding(
+            "launcher",
+            "degraded",
+            summary + ", but it refuses some roles",
+            "give each of those roles a uid and gid of its own ([roles.NAME] uid, gid)",
+            clashes,
+        )
+    return Finding("launcher", "ok", summary, details=ids)
+
+
+def _workspaces(settings: Settings) -> Finding:
+    """Whether each role's uid can write its workspaces, the server read them, and no one else."""
+    own = settings.fence.identity == "server"
+    server = os.getuid() if own else _state_owner(settings)
+    try:
+        entry = pwd.getpwuid(server)
+        primary: int | None = entry.pw_gid
+        groups = {entry.pw_gid, *(g.gr_gid for g in grp.getgrall() if entry.pw_name in g.gr_mem)}
+    except KeyError:
+        primary, groups = None, set()
+    problems, fixes = [], []
+    for role, config in settings.roles.items():
+        uid, gid = (server, None) if own else settings.role_ids(role)
+        for workspace in config.workspaces:
+            said = _workspace_problems(workspace, uid, gid, server, groups)
+            problems += [f"role {role}: {workspace} {s}" for s in said]
+            if said:
+                group = _group_name(primary)
+                fixes.append(f"chown {uid}:{group} {workspace} && chmod 2750 {workspace}")
+    if not problems:
+        return Finding(
+            "workspaces",
+            "ok",
+            "each role's uid can write its workspaces, the server can read them, no one else can",
+        )
+    return Finding(
+        "workspaces",
+        "degraded",
+        "some workspaces do not fit the uids that use them",
+        "; ".join(dict.fromkeys(fixes)) or "create the missing workspaces",
+        tuple(problems),
+    )
+
+
+def _workspace_problems(
+    path: str, uid: int, gid: int | None, server: int, groups: set[int]
+) -> list[str]:
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return [f"cannot be looked at: {exc.strerror}"]
+    mode = stat.S_IMODE(st.st_mode)
+
+    def may(bits: int, who: int, their_groups: set[int]) -> bool:
+        if who == 0:
+            return True
+        if st.st_uid == who:
+            return mode & (bits << 6) == bits << 6
+        if st.st_gid in their_groups:
+            return mode & (bits << 3) == bits << 3
+        return mode & bits == bits
+
+    found = []
+    if not may(0o3, uid, {gid} if gid is not None else groups):
+        found.append(f"is not writable by uid {uid}, which its turns run as")
+    if not may(0o5, server, groups):
+        found.append(f"cannot be searched and read by the server (uid {server}), which plans there")
+    if mode & 0o005:
+        found.append(f"has mode {mode:04o}: any uid may enter it, other roles' included")
+    return found
+
+
+def _group_name(gid: int | None) -> str:
+    if gid is None:
+        return "SERVICE-GROUP"
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def _state_owner(settings: Settings) -> int:
+    try:
+        return settings.state_root.stat().st_uid
+    except OSError:
+        return os.getuid()
+
+
+def _role_ids(settings: Settings) -> dict[str, tuple[int, int]]:
+    return {role: settings.role_ids(role) for role in settings.roles}
+
+
+def _id_clashes(settings: Settings, owner: int) -> tuple[str, ...]:
+    """Roles the launcher refuses: the server's own uid, or the server's group."""
+    try:
+        group = pwd.getpwuid(owner).pw_gid
+    except KeyError:
+        group = None
+    found = []
+    for role, (uid, gid) in _role_ids(settings).items():
+        if uid == owner:
+            found.append(f"role {role}: uid {uid} is the server's own")
+        if gid == group:
+            found.append(f"role {role}: gid {gid} is the server's group")
+    return tuple(found)
+
+
+def _name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
 # --- the fence backend ----------------------------------------------------------------------
 
 
@@ -244,8 +408,9 @@ def _backend(settings: Settings | None) -> list[Finding]:
         return [Finding("backend", "degraded", str(exc), "apt-get install bubblewrap")]
     version = _bwrap_version(bwrap)
     userns = _userns()
-    uid, gid = _probe_ids(settings)
-    failure = asyncio.run(_probe(bwrap, uid, gid))
+    role, (uid, gid) = _probe_ids(settings)
+    identity = for_settings(settings) if settings is not None else InProcess()
+    failure = asyncio.run(_probe(bwrap, role, (uid, gid), identity))
     if failure is None:
         return [
             Finding(
@@ -265,19 +430,21 @@ def _backend(settings: Settings | None) -> list[Finding]:
     ]
 
 
-def _probe_ids(settings: Settings | None) -> tuple[int, int]:
-    """A role's host ids, as turns use them; the server's own where it cannot switch."""
-    if settings is None or os.getuid() != 0:
-        return os.getuid(), os.getgid()
+def _probe_ids(settings: Settings | None) -> tuple[str, tuple[int, int]]:
+    """A role and its host ids, as turns use them; the server's own where it cannot switch."""
+    own = ("", (os.getuid(), os.getgid()))
+    if settings is None:
+        return own
+    role = next(iter(settings.roles))
     try:
-        return host_ids(settings, next(iter(settings.roles)))
+        return role, host_ids(settings, role)
     except RefusedError:
-        return os.getuid(), os.getgid()
+        return own
 
 
-async def _probe(bwrap: str, uid: int, gid: int) -> str | None:
+async def _probe(bwrap: str, role: str, ids: tuple[int, int], identity: Identity) -> str | None:
     try:
-        return await probe(bwrap, uid, gid)
+        return await probe(bwrap, role, ids, identity)
     except (BackendError, OSError) as exc:
         return str(exc)
 

@@ -1,4 +1,8 @@
-"""Step 3: the prefix, the config dir, the command dir, the state root and the workspaces."""
+"""Step 3: the prefix, the config dir, the command dir, the state root, the directories the
+roles' workspaces go in, and the launcher socket's directory.
+
+The roles' own workspaces (``DIR/ROLE``) belong to the role's uid; they are made
+by the config step, once the config says which uid each role has."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from pathlib import Path
 from paddock_deploy.context import Context, Outcome
 from paddock_deploy.errors import DeployError
 from paddock_deploy.files import existing_ancestors, trusted_dir_problem
-from paddock_deploy.service_user import Account, writable_by
+from paddock_deploy.service_user import Account
 
 
 def run(ctx: Context) -> Outcome:
@@ -20,6 +24,7 @@ def run(ctx: Context) -> Outcome:
         ctx.prefix / "bin",
         Path(ctx.opts.config_dir),
         Path(ctx.opts.bin_dir),
+        ctx.launcher_socket.parent,
     ]
     # Root creates and chowns these: nobody else may be able to swap a directory above them.
     to_make = [Path(w) for w in ctx.opts.workspace if not Path(w).exists()]
@@ -30,7 +35,8 @@ def run(ctx: Context) -> Outcome:
                 raise DeployError(f"{problem} (it is above {top})")
     said = [ctx.ensure_dir(p, 0o755, 0, 0) for p in root_dirs]
     said.append(ensure_state_root(ctx, account))
-    said += [ensure_workspace(ctx, Path(w), account) for w in ctx.opts.workspace]
+    # Searchable by every role's uid, listable by all: the roles' own directories go below.
+    said += [_made(ctx.ensure_dir(Path(w), 0o755, 0, 0), "workspaces") for w in to_make]
     done = [d for d in said if d]
     return Outcome(bool(done), "; ".join(done) if done else "nothing to do")
 
@@ -58,13 +64,5 @@ def ensure_state_root(ctx: Context, account: Account) -> str | None:
     return None
 
 
-def ensure_workspace(ctx: Context, workspace: Path, account: Account) -> str | None:
-    made = ctx.ensure_dir(workspace, 0o750, account.uid, account.gid)
-    if made:
-        return f"{made} (workspace, {account.name}, 0750)"
-    if not writable_by(workspace.stat(), account):
-        ctx.progress.note(
-            f"warning: workspace {workspace} is not writable by {account.name}; "
-            f"turns can read it but not write there (chown or chmod it)"
-        )
-    return None
+def _made(said: str | None, what: str) -> str | None:
+    return f"{said} ({what}, root, 0755)" if said else None

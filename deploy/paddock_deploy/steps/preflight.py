@@ -25,7 +25,7 @@ from paddock_deploy.context import DEFAULT_LISTEN, DEFAULT_STATE_ROOT, Context, 
 from paddock_deploy.errors import DeployError, Refused
 from paddock_deploy.files import sha256_file
 from paddock_deploy.protocol import wheel_problem
-from paddock_deploy.systemd_unit import render_unit, under
+from paddock_deploy.systemd_unit import render_launcher_unit, render_unit, under
 
 ROLE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 USER_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,30}")
@@ -148,6 +148,22 @@ def adopt_existing_config(ctx: Context) -> None:
                 f"{ctx.config_file} exists and says {kept}; {flag} {wanted} "
                 "is not applied (edit the file to change it)"
             )
+    fence = (ctx.existing or {}).get("fence", {})
+    kept = fence.get("launcher")
+    if isinstance(kept, str):
+        if opts.given_launcher_socket not in (None, kept):
+            ctx.progress.note(
+                f"{ctx.config_file} exists and says launcher = {kept}; --launcher-socket "
+                f"{opts.given_launcher_socket} is not applied (edit the file to change it)"
+            )
+        opts.launcher_socket = kept
+    if fence.get("identity") == "server":
+        ctx.progress.note(
+            f'{ctx.config_file} says identity = "server": every turn runs as {opts.user}, not '
+            f"as its role's uid. To change that, replace it in [fence] with launcher = "
+            f'"{opts.launcher_socket}", give each role\'s workspace to its uid (deploy/README.md, '
+            '"Turns as role uids"), and re-run'
+        )
     ctx.listen = server.get("listen") or opts.listen or DEFAULT_LISTEN
     ctx.state_root = Path(server.get("state_root") or opts.state_root or DEFAULT_STATE_ROOT)
     if ctx.existing is not None and opts.tls_cert is not None:
@@ -167,14 +183,24 @@ def service_mode(ctx: Context) -> str:
         )
     mode = "systemd" if wanted == "systemd" or (wanted == "auto" and systemd) else "supervised"
     if mode == "systemd":
-        for workspace in ctx.opts.workspace:
-            if under(workspace, "/tmp", "/var/tmp"):  # noqa: S108 - checking, not using
+        for what, path in (
+            *(("workspace", w) for w in ctx.opts.workspace),
+            ("launcher socket", ctx.opts.launcher_socket),
+        ):
+            if under(path, "/tmp", "/var/tmp"):  # noqa: S108 - checking, not using
                 raise Refused(
-                    f"workspace {workspace} would be invisible to the service "
-                    "(PrivateTmp=yes gives it a /tmp of its own): "
+                    f"{what} {path} would be invisible to the services "
+                    "(PrivateTmp=yes gives each a /tmp of its own): "
                     "choose another place"
                 )
-        # Rendered once here so that a path the unit cannot carry is refused before any change.
+        # Rendered once here so that a path the units cannot carry is refused before any change.
+        render_launcher_unit(
+            prefix=ctx.prefix,
+            config=ctx.config_file,
+            state_root=ctx.state_root,
+            workspaces=ctx.opts.workspace,
+            socket=ctx.launcher_socket,
+        )
         render_unit(
             user=ctx.opts.user,
             group=ctx.opts.user,

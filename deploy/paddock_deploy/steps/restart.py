@@ -1,7 +1,9 @@
-"""Step 9: start the server, or restart it when its release, config or service changed.
+"""Step 9: start the server and its launcher, or restart both when their release, config or
+service changed.
 
-An unchanged install keeps its server (same pid). Under systemd the unit is
-(re)started; elsewhere the supervisor is asked through ``paddock-supervise``.
+An unchanged install keeps its processes (same pids). Under systemd the units
+are (re)started, the launcher's first; elsewhere the supervisor is asked
+through ``paddock-supervise``, which starts the launcher before the server.
 """
 
 from __future__ import annotations
@@ -13,7 +15,16 @@ from typing import Any
 
 from paddock_deploy.context import Context, Outcome
 from paddock_deploy.steps.release import current_release
-from paddock_deploy.systemd_unit import UNIT_NAME, systemctl, systemctl_says_yes, unit_pid
+from paddock_deploy.systemd_unit import (
+    LAUNCHER_UNIT_NAME,
+    UNIT_NAME,
+    systemctl,
+    systemctl_says_yes,
+    unit_pid,
+)
+
+UNITS = (LAUNCHER_UNIT_NAME, UNIT_NAME)
+"""In the order they start: the server's turns need the launcher."""
 
 
 def run(ctx: Context) -> Outcome:
@@ -25,21 +36,30 @@ def run(ctx: Context) -> Outcome:
 def restart_unit(ctx: Context) -> Outcome:
     retire_supervisor(ctx)
     active = systemctl_says_yes("is-active")
+    both = active and systemctl_says_yes("is-active", unit=LAUNCHER_UNIT_NAME)
     ctx.was_running = active
-    if active and not ctx.service_changed and not ctx.restart_reasons:
-        return Outcome(False, f"nothing to do ({UNIT_NAME} is active, pid {unit_pid()})")
+    if both and not ctx.service_changed and not ctx.restart_reasons:
+        return Outcome(
+            False,
+            f"nothing to do ({UNIT_NAME} is active, pid {unit_pid()}; its launcher, pid "
+            f"{unit_pid(LAUNCHER_UNIT_NAME)})",
+        )
     if active:
         ctx.tx.after_failure(
-            f"restart {UNIT_NAME} on the previous install",
-            lambda: systemctl("restart", UNIT_NAME),
+            f"restart {' and '.join(UNITS)} on the previous install",
+            lambda: systemctl("restart", *UNITS),
         )
     else:
-        ctx.tx.on_failure(f"stop {UNIT_NAME}", lambda: systemctl("stop", UNIT_NAME))
-    systemctl("restart" if active else "start", UNIT_NAME)
+        ctx.tx.on_failure(f"stop {' and '.join(UNITS)}", lambda: systemctl("stop", *UNITS))
+    systemctl("restart" if active else "start", *UNITS)
     ctx.server_pid = unit_pid()
     why = ", ".join(ctx.restart_reasons + (["unit"] if ctx.service_changed else []))
     verb = f"restarted ({why} changed)" if active else "started"
-    return Outcome(True, f"{verb} {UNIT_NAME} under systemd, pid {ctx.server_pid}")
+    return Outcome(
+        True,
+        f"{verb} {UNIT_NAME} under systemd, pid {ctx.server_pid}, and {LAUNCHER_UNIT_NAME}, "
+        f"pid {unit_pid(LAUNCHER_UNIT_NAME)}",
+    )
 
 
 def retire_supervisor(ctx: Context) -> None:
@@ -70,8 +90,9 @@ def restart_supervised(ctx: Context) -> Outcome:
     running = bool(status.get("supervisor_pid"))
     server = status.get("server") or {}
     ctx.was_running = running
+    launcher = status.get("launcher") or {}
     current = str(current_release(ctx.current_link))
-    stale = server.get("release") != current or not server.get("alive")
+    stale = any(p.get("release") != current or not p.get("alive") for p in (server, launcher))
     reasons = ctx.restart_reasons + (["release"] if stale and running else [])
     if running and not ctx.service_changed and not reasons:
         ctx.server_pid = server.get("pid")
@@ -83,20 +104,24 @@ def restart_supervised(ctx: Context) -> Outcome:
     if running and ctx.service_changed:
         supervise(ctx, "stop")
         status = supervise(ctx, "start")
-        verb = "restarted the supervisor and the server"
+        verb = "restarted the supervisors, the launcher and the server"
     elif running:
         status = supervise(ctx, "restart")
-        verb = f"restarted the server ({', '.join(dict.fromkeys(reasons))} changed)"
+        verb = (
+            f"restarted the launcher and the server ({', '.join(dict.fromkeys(reasons))} changed)"
+        )
     else:
         status = supervise(ctx, "start")
-        verb = "started the server"
+        verb = "started the launcher and the server"
     ctx.server_pid = (status.get("server") or {}).get("pid")
     return Outcome(
         True,
         f"{verb}: NO systemd here (PID 1 is not systemd), so it runs as a "
         f"supervised background process as {ctx.opts.user}: supervisor pid "
         f"{status.get('supervisor_pid')}, server pid {ctx.server_pid}, log "
-        f"{status.get('log')}; it does not start at boot by itself "
+        f"{status.get('log')}; its launcher runs as root, pid "
+        f"{(status.get('launcher') or {}).get('pid')}, log {status.get('launcher_log')}; "
+        "neither starts at boot by itself "
         f"(add '@reboot {sys.executable} {ctx.supervisor} start' to root's crontab)",
     )
 

@@ -1,5 +1,5 @@
-"""Step 7: how the server is run: the hardened systemd unit where systemd is PID 1, else the
-supervisor (``PREFIX/bin/paddock-supervise`` and its settings beside it)."""
+"""Step 7: how the server and its launcher are run: two hardened systemd units where systemd is
+PID 1, else the supervisor (``PREFIX/bin/paddock-supervise`` and its settings beside it)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,18 @@ import grp
 import importlib.resources
 import json
 import sys
+from pathlib import Path
 
 from paddock_deploy.context import Context, Outcome
 from paddock_deploy.files import restore, snapshot, write_file
-from paddock_deploy.systemd_unit import UNIT_NAME, render_unit, systemctl, systemctl_says_yes
+from paddock_deploy.systemd_unit import (
+    LAUNCHER_UNIT_NAME,
+    UNIT_NAME,
+    render_launcher_unit,
+    render_unit,
+    systemctl,
+    systemctl_says_yes,
+)
 
 
 def run(ctx: Context) -> Outcome:
@@ -21,7 +29,14 @@ def run(ctx: Context) -> Outcome:
 
 def install_unit(ctx: Context) -> Outcome:
     account = ctx.need_account()
-    text = render_unit(
+    launcher = render_launcher_unit(
+        prefix=ctx.prefix,
+        config=ctx.config_file,
+        state_root=ctx.state_root,
+        workspaces=ctx.opts.workspace,
+        socket=ctx.launcher_socket,
+    )
+    server = render_unit(
         user=account.name,
         group=grp.getgrgid(account.gid).gr_name,
         prefix=ctx.prefix,
@@ -29,7 +44,19 @@ def install_unit(ctx: Context) -> Outcome:
         state_root=ctx.state_root,
         workspaces=ctx.opts.workspace,
     )
-    unit = ctx.unit_file
+    done = []
+    for name, unit, text in (
+        (LAUNCHER_UNIT_NAME, ctx.launcher_unit_file, launcher),
+        (UNIT_NAME, ctx.unit_file, server),
+    ):
+        done += _install_one(ctx, name, unit, text)
+    said = (
+        "; ".join(done) if done else f"nothing to do ({ctx.unit_file} and its launcher are current)"
+    )
+    return Outcome(bool(done), said)
+
+
+def _install_one(ctx: Context, name: str, unit: Path, text: str) -> list[str]:
     before = snapshot(unit)
     done = []
     if before is None or before.data != text.encode():
@@ -43,14 +70,13 @@ def install_unit(ctx: Context) -> Outcome:
         systemctl("daemon-reload")
         ctx.service_changed = True
         done.append(f"wrote {unit}")
-    if not systemctl_says_yes("is-enabled"):
+    if not systemctl_says_yes("is-enabled", unit=name):
         ctx.tx.on_failure(
-            f"systemctl disable {UNIT_NAME}", lambda: systemctl("disable", "--quiet", UNIT_NAME)
+            f"systemctl disable {name}", lambda: systemctl("disable", "--quiet", name)
         )
-        systemctl("enable", "--quiet", UNIT_NAME)
-        done.append("enabled it")
-    said = "; ".join(done) if done else f"nothing to do ({unit} is current)"
-    return Outcome(bool(done), said)
+        systemctl("enable", "--quiet", name)
+        done.append(f"enabled {name}")
+    return done
 
 
 def supervisor_source() -> bytes:
@@ -65,6 +91,7 @@ def supervisor_settings(ctx: Context) -> bytes:
         "prefix": str(ctx.prefix),
         "config": str(ctx.config_file),
         "run_dir": str(ctx.state_root / "supervisor"),
+        "launcher_dir": str(ctx.launcher_dir),
         "python": sys.executable,
     }
     return (json.dumps(settings, indent=2, sort_keys=True) + "\n").encode()
@@ -90,6 +117,6 @@ def install_supervisor(ctx: Context) -> Outcome:
     ctx.service_changed = True
     return Outcome(
         True,
-        f"wrote {' and '.join(written)} (no systemd here: the server runs under this "
-        "supervisor instead of a unit)",
+        f"wrote {' and '.join(written)} (no systemd here: the server and its launcher run "
+        "under this supervisor instead of units)",
     )

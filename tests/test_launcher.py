@@ -1,0 +1,709 @@
+"""The privileged launcher with real processes: root launcher, unprivileged server, real turns.
+
+A throwaway service user owns the state root; the launcher runs as root with
+exactly the capability bounding set its systemd unit gets; the server runs as
+the service user (``setpriv``, no capabilities, no_new_privs), on the system
+python with this checkout on its path. Turns go over real HTTP to that server,
+which has no way to run them as a role but through the launcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import grp
+import json
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import sysconfig
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import (
+    BUILDER_TOKEN,
+    OTHER_TOKEN,
+    events,
+    finished,
+    output,
+    processes_with,
+    reachable,
+    run,
+    sha,
+    submit,
+    wait_until,
+)
+
+from target_side.config import RoleConfig, Settings, load_settings
+from target_side.errors import LauncherError
+from target_side.fence.launcher import MAX_FDS, Channel, Grants
+from target_side.fence.launcher_client import ViaLauncher
+
+REPO = Path(__file__).resolve().parent.parent
+SYSTEM_PYTHON = "/usr/bin/python3"
+PURELIB = sysconfig.get_paths()["purelib"]
+LAUNCHER_CAPS = "-all,+setuid,+setgid,+kill,+chown,+dac_override"
+"""The launcher's whole capability set, as its systemd unit bounds it."""
+PRIVATE_MOUNTS = ("unshare", "--mount", "--propagation", "private")
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0
+    or not os.path.exists(SYSTEM_PYTHON)
+    or shutil.which("setpriv") is None
+    or shutil.which("useradd") is None,
+    reason="needs root, the system python3, setpriv and useradd",
+)
+
+
+def _env(home: str) -> dict[str, str]:
+    # The system python with this checkout and the venv's packages on its path: the
+    # service user cannot reach the venv's own interpreter, and no .pth file is read.
+    return {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": f"{REPO}:{REPO}/deploy:{PURELIB}",
+        "LANG": "C.UTF-8",
+        "HOME": home,
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Host:
+    """A root launcher and an unprivileged server sharing one config, on this machine."""
+
+    base: Path
+    user: str
+    port: int = field(default_factory=_free_port)
+    launcher: subprocess.Popen[bytes] | None = None
+    server: subprocess.Popen[bytes] | None = None
+    cgroup: Path | None = None
+
+    @property
+    def uid(self) -> int:
+        return pwd.getpwnam(self.user).pw_uid
+
+    @property
+    def gid(self) -> int:
+        return grp.getgrnam(self.user).gr_gid
+
+    @property
+    def config(self) -> Path:
+        return self.base / "etc" / "target.toml"
+
+    @property
+    def state(self) -> Path:
+        return self.base / "state"
+
+    @property
+    def socket(self) -> Path:
+        return self.base / "run" / "launcher.sock"
+
+    def workspace(self, role: str = "builder") -> Path:
+        return self.base / "work" / role
+
+    def role_ids(self, role: str = "builder") -> tuple[int, int]:
+        return load_settings(self.config).role_ids(role)
+
+    def write_config(self, **builder: object) -> None:
+        extra = "".join(f"{k} = {v}\n" for k, v in builder.items())
+        text = (
+            f'[server]\nlisten = "127.0.0.1:{self.port}"\nstate_root = "{self.state}"\n'
+            f'[fence]\nlauncher = "{self.socket}"\n'
+            f'[roles.builder]\ntoken_sha256 = "{sha(BUILDER_TOKEN)}"\n'
+            f'workspaces = ["{self.workspace()}"]\n{extra}'
+            "[roles.builder.limits]\nwall_s = 60\n"
+            f'[roles.other]\ntoken_sha256 = "{sha(OTHER_TOKEN)}"\n'
+            f'workspaces = ["{self.workspace("other")}"]\n'
+        )
+        self.config.write_text(text)
+        os.chown(self.config, 0, self.gid)
+        self.config.chmod(0o640)
+
+    def start_launcher(self) -> None:
+        log = (self.base / "launcher.log").open("ab")
+        self.launcher = subprocess.Popen(
+            [
+                "setpriv",
+                f"--bounding-set={LAUNCHER_CAPS}",
+                "--inh-caps=-all",
+                f"--groups={self.gid}",  # a supplementary group no turn may keep
+                "--no-new-privs",
+                "--",
+                SYSTEM_PYTHON,
+                "-m",
+                "target_side.tools.cli",
+                "launcher",
+                "--config",
+                str(self.config),
+            ],
+            env=_env("/root"),
+            cwd="/",
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+        )
+        log.close()
+        assert wait_until(lambda: self.socket.exists(), timeout=20), self.log("launcher")
+
+    def start_server(self) -> None:
+        log = (self.base / "server.log").open("ab")
+        join = f"echo $$ > {self.cgroup}/cgroup.procs && " if self.cgroup else ""
+        drop = (
+            f"setpriv --reuid={self.uid} --regid={self.gid} --clear-groups --no-new-privs "
+            "--inh-caps=-all --bounding-set=-all --"
+        )
+        command = f"{SYSTEM_PYTHON} -m target_side.tools.cli serve --config {self.config}"
+        self.server = subprocess.Popen(
+            # A mount namespace of its own, as its systemd unit gives it: every descriptor it
+            # hands the launcher belongs to a mount the launcher's namespace only mirrors.
+            [*PRIVATE_MOUNTS, "sh", "-c", f"{join}exec {drop} {command}"],
+            env=_env(str(self.state)),
+            cwd="/",
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+        )
+        log.close()
+
+        def up() -> bool:
+            with contextlib.suppress(httpx.HTTPError):
+                return httpx.get(f"{self.url}/v1/health", timeout=2).status_code == 200
+            return False
+
+        assert wait_until(up, timeout=30), self.log("server")
+
+    def stop_server(self, sig: int = signal.SIGTERM) -> None:
+        if self.server is not None and self.server.poll() is None:
+            self.server.send_signal(sig)
+            self.server.wait(timeout=30)
+        self.server = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self, token: str = BUILDER_TOKEN) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=60)
+
+    def log(self, which: str) -> str:
+        path = self.base / f"{which}.log"
+        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+
+    def as_server(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """The server's interpreter with ``args``, run as the server's user."""
+        return subprocess.run(
+            [
+                "setpriv",
+                f"--reuid={self.uid}",
+                f"--regid={self.gid}",
+                "--clear-groups",
+                "--",
+                SYSTEM_PYTHON,
+                *args,
+            ],
+            env=_env(str(self.state)),
+            cwd="/",
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+
+def _make_host(base: Path, user: str) -> Host:
+    subprocess.run(
+        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", user],
+        check=True,
+        capture_output=True,
+    )
+    host = Host(base, user)
+    for name in ("etc", "run", "work"):
+        (base / name).mkdir(mode=0o755)
+    host.state.mkdir()
+    os.chown(host.state, host.uid, host.gid)
+    host.state.chmod(0o711)
+    host.write_config()
+    for role in ("builder", "other"):
+        # What deploy makes: the role writes, the server reads, nobody else enters.
+        workspace = host.workspace(role)
+        workspace.mkdir()
+        os.chown(workspace, host.role_ids(role)[0], host.gid)
+        workspace.chmod(0o2750)
+    host.cgroup = _delegated_pids_cgroup(host)
+    return host
+
+
+def _delegated_pids_cgroup(host: Host) -> Path | None:
+    """A cgroup v1 pids cgroup of the service user's, as a unit's Delegate= would give."""
+    root = Path("/sys/fs/cgroup/pids")
+    if not (root / "cgroup.procs").exists():
+        return None
+    here = Path(f"/proc/{os.getpid()}/cgroup").read_text()
+    mine = next((line.split(":", 2)[2] for line in here.splitlines() if ":pids:" in line), None)
+    if mine is None:
+        return None
+    cgroup = root / mine.lstrip("/") / f"pdk-launcher-{host.user}"
+    try:
+        cgroup.mkdir()
+    except OSError:
+        return None
+    for name in ("", "cgroup.procs", "tasks", "cgroup.clone_children"):
+        with contextlib.suppress(OSError):
+            os.chown(cgroup / name, host.uid, host.gid)
+    return cgroup
+
+
+def _tear_down(host: Host) -> None:
+    with contextlib.suppress(Exception):
+        host.stop_server()
+    if host.launcher is not None and host.launcher.poll() is None:
+        host.launcher.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            host.launcher.wait(timeout=30)
+    with contextlib.suppress(Exception):
+        ids = {host.uid, *(host.role_ids(r)[0] for r in ("builder", "other"))}
+        for pid in _processes_of(ids):  # only this test's throwaway uids
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    if host.cgroup is not None:
+        for child in (*host.cgroup.glob("paddock-*"), host.cgroup):
+            with contextlib.suppress(OSError):
+                assert wait_until(lambda c=child: not (c / "cgroup.procs").read_text(), 10)
+                child.rmdir()
+    subprocess.run(["userdel", host.user], check=False, capture_output=True)
+    with contextlib.suppress(KeyError):
+        grp.getgrnam(host.user)
+        subprocess.run(["groupdel", host.user], check=False, capture_output=True)
+    shutil.rmtree(host.base, ignore_errors=True)
+
+
+def _processes_of(uids: set[int]) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError):
+            if entry.isdigit() and os.stat(f"/proc/{entry}").st_uid in uids:
+                found.append(int(entry))
+    return found
+
+
+@pytest.fixture(scope="module")
+def host() -> Iterator[Host]:
+    reachable(REPO)  # the service user runs this checkout
+    base = Path(tempfile.mkdtemp(prefix="pdk-launcher-", dir="/tmp"))
+    base.chmod(0o755)
+    made = None
+    try:
+        made = _make_host(base, f"pdk{secrets.token_hex(3)[:5]}")
+        made.start_launcher()
+        made.start_server()
+        yield made
+    finally:
+        if made is not None:
+            _tear_down(made)
+        else:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def client(host: Host) -> Iterator[httpx.Client]:
+    if host.server is None or host.server.poll() is not None:
+        host.start_server()
+    with host.client() as c:
+        yield c
+
+
+# --- turns, as the role -----------------------------------------------------------------------
+
+
+def test_launcher_server_is_unprivileged_and_cannot_switch_uids_itself(host: Host) -> None:
+    assert host.server is not None
+    status = Path(f"/proc/{host.server.pid}/status").read_text()  # sh and setpriv exec'd it
+    assert f"Uid:\t{host.uid}\t{host.uid}\t{host.uid}\t{host.uid}" in status
+    assert "CapEff:\t0000000000000000" in status
+
+
+def test_launcher_turn_runs_as_the_roles_uid_with_no_other_group(
+    host: Host, client: httpx.Client
+) -> None:
+    uid, gid = host.role_ids()
+    turn, evs = run(client, ["sh", "-c", "id -u; id -g; grep '^Groups:' /proc/self/status"])
+    assert turn.exit_code == 0, evs
+    said_uid, said_gid, groups = output(evs).split("\n")[:3]
+    assert (said_uid, said_gid, groups.split()) == (str(uid), str(gid), ["Groups:"])
+
+
+def test_launcher_files_a_turn_creates_are_the_roles(host: Host, client: httpx.Client) -> None:
+    uid, _ = host.role_ids()
+    turn, evs = run(client, ["sh", "-c", "mkdir -p made && echo hi > made/file"])
+    assert turn.exit_code == 0, evs
+    made = host.workspace() / "made" / "file"
+    st = made.stat()
+    # The workspace is setgid: what the role makes keeps the server's group, so it can plan there.
+    assert (st.st_uid, st.st_gid) == (uid, host.gid)
+    assert host.as_server("-c", f"print(open({str(made)!r}).read(), end='')").stdout == "hi\n"
+
+
+def test_launcher_peer_credentials_on_a_workspace_socket_are_the_roles(
+    host: Host, client: httpx.Client
+) -> None:
+    path = host.workspace() / "peer.sock"
+    seen: list[int] = []
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(path))
+        path.chmod(0o666)
+        listener.listen(1)
+        listener.settimeout(30)
+
+        def accept() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+                seen.append(struct.unpack("3i", raw)[1])
+                conn.sendall(b"k")
+
+        thread = threading.Thread(target=accept)
+        thread.start()
+        code = (
+            f"import socket; s = socket.socket(socket.AF_UNIX); s.connect({str(path)!r}); s.recv(1)"
+        )
+        turn, evs = run(client, ["python3", "-c", code])
+        thread.join(30)
+    path.unlink()
+    assert turn.exit_code == 0, evs
+    assert seen == [host.role_ids()[0]]
+
+
+def test_launcher_makes_the_roles_home_as_root_would(host: Host, client: httpx.Client) -> None:
+    turn, _ = run(client, ["true"])
+    assert turn.exit_code == 0
+    uid, gid = host.role_ids()
+    home = host.state / "roles" / "builder" / "home"
+    st = home.lstat()
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (uid, gid, 0o700)
+    for server_dir in (home.parent, home.parent.parent):
+        st = server_dir.lstat()
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (host.uid, 0o711)
+    home.chmod(0o755)  # as the role could have, in a turn: repaired as the role
+    turn, _ = run(client, ["true"])
+    assert turn.exit_code == 0 and stat.S_IMODE(home.stat().st_mode) == 0o700
+
+
+def test_launcher_stdin_reaches_the_turn(host: Host, client: httpx.Client) -> None:
+    turn = submit(client, argv=["cat"], stdin="open")
+    response = client.post(
+        f"/v1/turns/{turn.turn_id}/stdin", params={"eof": 1}, content=b"through the launcher\n"
+    )
+    assert response.status_code in (200, 202, 204), response.text
+    evs = events(client, turn.turn_id)
+    assert output(evs) == "through the launcher\n"
+
+
+def test_launcher_int_reaches_the_turn(host: Host, client: httpx.Client) -> None:
+    marker = "311.5"
+    turn = submit(client, argv=["sh", "-c", f"sleep {marker}"])
+    assert wait_until(lambda: bool(processes_with("sleep", marker)))
+    client.post(f"/v1/turns/{turn.turn_id}/signal", json={"signal": "INT"})
+    assert finished(client, turn.turn_id).exit_code == 128 + signal.SIGINT
+
+
+def test_launcher_kill_ends_the_whole_turn(host: Host, client: httpx.Client) -> None:
+    marker = "312.5"
+    turn = submit(client, argv=["sh", "-c", f"(sleep {marker} &); sleep {marker}"])
+    assert wait_until(lambda: len(processes_with("sleep", marker)) == 2)
+    client.post(f"/v1/turns/{turn.turn_id}/signal", json={"signal": "KILL"})
+    assert finished(client, turn.turn_id).exit_code == 128 + signal.SIGKILL
+    assert wait_until(lambda: not processes_with("sleep", marker))
+
+
+def test_launcher_wall_time_kills_the_turn(host: Host, client: httpx.Client) -> None:
+    turn, _ = run(client, ["sh", "-c", "sleep 313.5"], limits={"wall_s": 1})
+    assert turn.exit_code == 124
+    assert wait_until(lambda: not processes_with("sleep", "313.5"))
+
+
+def test_launcher_places_the_fence_in_the_servers_cgroup(host: Host, client: httpx.Client) -> None:
+    if host.cgroup is None:
+        pytest.skip("no cgroup v1 pids hierarchy to delegate here")
+    turn, evs = run(client, ["sh", "-c", "grep :pids: /proc/self/cgroup; echo $(( 1 + 1 ))"])
+    assert turn.exit_code == 0, evs
+    pids_line = output(evs).split("\n")[0]
+    assert "/paddock-" in pids_line and "-t-" in pids_line, pids_line
+
+
+def test_launcher_closing_the_server_kills_the_turn(host: Host, client: httpx.Client) -> None:
+    marker = "314.5"
+    submit(client, argv=["sh", "-c", f"sleep {marker}"])
+    assert wait_until(lambda: bool(processes_with("sleep", marker)))
+    host.stop_server(signal.SIGKILL)  # no goodbye: only the closed connection says it
+    assert wait_until(lambda: not processes_with("sleep", marker), timeout=15)
+
+
+# --- what the launcher refuses ----------------------------------------------------------------
+
+
+def _first_word(path: Path) -> dict[str, object]:
+    """What the launcher says to a connection before anything is asked (a refusal, if any)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        s.connect(str(path))
+        size = int.from_bytes(_recv_exactly(s, 4), "big")
+        said: dict[str, object] = json.loads(_recv_exactly(s, size))
+        assert s.recv(1) == b""  # and then it hangs up
+        return said
+
+
+def _recv_exactly(s: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = s.recv(size - len(data))
+        if not chunk:
+            raise EOFError
+        data += chunk
+    return data
+
+
+def test_launcher_refuses_a_connection_from_any_uid_but_the_servers(host: Host) -> None:
+    said = _first_word(host.socket)  # as root: not the server's uid either
+    assert "not the server's uid" in str(said.get("error")), said
+    st = host.socket.lstat()
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, host.gid, 0o660)
+
+
+REQUESTS = """
+import asyncio, json, os, socket, sys
+from target_side.fence.launcher import Channel
+
+async def ask(message, fds):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(sys.argv[1])
+    channel = Channel(sock)
+    await channel.send(message, fds)
+    reply, _ = await channel.recv()
+    channel.close()
+    return reply
+
+async def main():
+    null = [os.open(os.devnull, os.O_RDWR) for _ in range(3)]
+    replies = []
+    for message in json.loads(sys.argv[2]):
+        replies.append(await ask(message, null if message.get("op") == "launch" else []))
+    print(json.dumps(replies))
+
+asyncio.run(main())
+"""
+
+
+def _as_server_ask(host: Host, *messages: dict[str, object]) -> list[dict[str, object]]:
+    done = host.as_server("-c", REQUESTS, str(host.socket), json.dumps(messages))
+    assert done.returncode == 0, done.stderr
+    replies: list[dict[str, object]] = json.loads(done.stdout)
+    return replies
+
+
+def _launch(role: str, uid: int, gid: int, argv: list[str] | None = None) -> dict[str, object]:
+    return {
+        "op": "launch",
+        "role": role,
+        "uid": uid,
+        "gid": gid,
+        "argv": argv or ["/usr/bin/true"],
+        "fds": [0, 1, 2],
+    }
+
+
+def test_launcher_refuses_a_role_not_in_the_config_and_root(host: Host) -> None:
+    uid, gid = host.role_ids()
+    unknown, root, other_ids, fine = _as_server_ask(
+        host,
+        _launch("intruder", uid, gid),
+        _launch("builder", 0, 0, ["/usr/bin/id", "-u"]),
+        _launch("builder", host.uid, host.gid),
+        _launch("builder", uid, gid),
+    )
+    assert "not in" in str(unknown.get("error")), unknown
+    assert "error" in root and "pid" not in root, root
+    assert "error" in other_ids and "pid" not in other_ids, other_ids
+    assert fine.get("uid") == uid and "pid" in fine, fine
+
+
+def test_launcher_refuses_a_program_root_does_not_own(host: Host) -> None:
+    uid, gid = host.role_ids()
+    planted = host.workspace() / "planted"
+    planted.write_text("#!/bin/sh\n")
+    os.chown(planted, uid, gid)
+    planted.chmod(0o755)
+    (reply,) = _as_server_ask(host, _launch("builder", uid, gid, [str(planted)]))
+    assert "root-owned" in str(reply.get("error")), reply
+
+
+def test_launcher_audit_never_touches_a_path_outside_the_roles_workspaces(host: Host) -> None:
+    uid, gid = host.role_ids()
+    outside = host.base / "outside"
+    outside.mkdir(exist_ok=True)
+    os.chown(outside, uid, gid)  # the role could rename here: only the check stops it
+    rc = outside / ".envrc"
+    rc.write_text("echo planted\n")
+    inside = host.workspace() / ".envrc"
+    inside.write_text("echo planted\n")
+    os.chown(inside, uid, gid)
+    audit = {"op": "audit", "role": "builder", "uid": uid, "gid": gid, "turn_id": "t-0a1b"}
+    refused, moved = _as_server_ask(
+        host,
+        audit | {"expected": {str(rc): None}},
+        audit | {"expected": {str(inside): None}},
+    )
+    assert "does not lie inside" in str(refused.get("error")), refused
+    assert rc.exists()
+    assert moved.get("moved") and not inside.exists(), moved
+    assert (host.workspace() / ".envrc.paddock-quarantined-t-0a1b").exists()
+
+
+# --- what the operator's tools say ------------------------------------------------------------
+
+
+def test_config_check_and_doctor_report_the_launcher(host: Host, client: httpx.Client) -> None:
+    cli = ("-m", "target_side.tools.cli")
+    check = host.as_server(*cli, "config", "check", "--json", str(host.config))
+    assert check.returncode == 0, check.stderr
+    report = json.loads(check.stdout)
+    assert report["roles"]["builder"]["uid"] == host.role_ids()[0]
+    assert any("through the launcher" in n and "root" in n for n in report["notes"]), report
+    doctor = host.as_server(*cli, "doctor", "--json", "--config", str(host.config))
+    found = {f["area"]: f for f in json.loads(doctor.stdout)["findings"]}
+    assert found["launcher"]["status"] == "ok", found["launcher"]
+    assert found["backend"]["status"] == "ok", found["backend"]
+    assert found["workspaces"]["status"] == "ok", found["workspaces"]
+    other = host.workspace("other")
+    other.chmod(0o2755)  # anyone may enter: another role's uid included
+    try:
+        doctor = host.as_server(*cli, "doctor", "--json", "--config", str(host.config))
+    finally:
+        other.chmod(0o2750)
+    found = {f["area"]: f for f in json.loads(doctor.stdout)["findings"]}
+    assert found["workspaces"]["status"] == "degraded", found["workspaces"]
+    assert any("any uid may enter it" in d for d in found["workspaces"]["details"])
+    assert f"chmod 2750 {other}" in found["workspaces"]["fix"]
+
+
+# --- the wire, in process ---------------------------------------------------------------------
+
+
+def test_channel_carries_more_descriptors_than_one_message_can() -> None:
+    async def exchange() -> tuple[dict[str, object], list[int]]:
+        left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        sending, receiving = Channel(left), Channel(right)
+        fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(MAX_FDS * 2 + 7)]
+        try:
+            sent = asyncio.create_task(sending.send({"op": "launch"}, fds))
+            got = await receiving.recv()
+            await sent
+            return got
+        finally:
+            for fd in fds:
+                os.close(fd)
+            sending.close()
+            receiving.close()
+
+    message, fds = asyncio.run(exchange())
+    try:
+        assert message == {"op": "launch", "nfds": MAX_FDS * 2 + 7}
+        assert len(fds) == MAX_FDS * 2 + 7 and all(os.fstat(fd) for fd in fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def test_config_check_and_doctor_say_a_server_without_root_or_launcher_refuses_turns(
+    host: Host,
+) -> None:
+    config = host.base / "etc" / "no-launcher.toml"
+    text = host.config.read_text().replace(f'launcher = "{host.socket}"\n', "")
+    config.write_text(text)
+    os.chown(config, 0, host.gid)
+    config.chmod(0o640)
+    cli = ("-m", "target_side.tools.cli")
+    check = host.as_server(*cli, "config", "check", str(config))
+    assert check.returncode == 1
+    assert "every turn would be refused" in check.stderr and "[fence] launcher" in check.stderr
+    doctor = host.as_server(*cli, "doctor", "--json", "--config", str(config))
+    found = {f["area"]: f for f in json.loads(doctor.stdout)["findings"]}
+    assert found["launcher"]["status"] == "degraded", found["launcher"]
+    assert "launcher" in found["launcher"]["fix"] and "identity" in found["launcher"]["fix"]
+
+
+# --- who may be whom, in process --------------------------------------------------------------
+
+
+def _grants(server: tuple[int, int], **builder: object) -> Grants:
+    role = RoleConfig(token_sha256="0" * 64, workspaces=("/srv/w",), **builder)
+    return Grants(Settings(roles={"builder": role}), server)
+
+
+def test_grants_never_give_the_servers_uid_or_group_or_an_unknown_role() -> None:
+    with pytest.raises(LauncherError, match="server's own uid"):
+        _grants((5000, 5000), uid=5000, gid=6000).role_ids("builder")
+    with pytest.raises(LauncherError, match="server's group"):
+        _grants((5000, 5000), uid=7000, gid=5000).role_ids("builder")
+    with pytest.raises(LauncherError, match="not in"):
+        _grants((5000, 5000)).role_ids("intruder")
+    assert _grants((5000, 5000), uid=7000).role_ids("builder") == (7000, 7000)
+    asked = {"role": "builder", "uid": 0, "gid": 0}
+    with pytest.raises(LauncherError, match="this launcher's config says 7000:7000"):
+        _grants((5000, 5000), uid=7000).checked_ids(asked)
+
+
+FAKE_LAUNCHER = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.bind(sys.argv[1])
+s.listen(1)
+print("listening", flush=True)
+conn, _ = s.accept()
+print(repr(conn.recv(65536)), flush=True)
+"""
+
+
+def test_server_sends_nothing_to_a_launcher_that_is_not_root(host: Host) -> None:
+    fake = host.state / "fake-launcher.sock"  # a place the service user can write
+    listener = subprocess.Popen(
+        [
+            "setpriv",
+            f"--reuid={host.uid}",
+            f"--regid={host.gid}",
+            "--clear-groups",
+            "--",
+            SYSTEM_PYTHON,
+            "-c",
+            FAKE_LAUNCHER,
+            str(fake),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd="/",
+    )
+    try:
+        assert listener.stdout is not None and listener.stdout.readline() == "listening\n"
+        with pytest.raises(LauncherError, match=f"served by uid {host.uid}, not root"):
+            asyncio.run(ViaLauncher(str(fake)).hello())
+        out, _ = listener.communicate(timeout=10)
+        assert out == "b''\n"  # it heard nothing: no request, no descriptor
+    finally:
+        listener.kill()
+        fake.unlink(missing_ok=True)
