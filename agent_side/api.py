@@ -12,7 +12,7 @@
     async with AsyncTarget.ssh("ci@build-host", token=token) as target:
         result = await target.run(["make"])
 
-``exit_code`` follows DESIGN.md exactly as the CLI's status does (124 timed out,
+``exit_code`` follows docs/design.md ("Exit statuses") as the CLI's status does (124 timed out,
 126 refused, 127 not found, 128+N signal). Where the CLI would exit 125,
 ``run`` raises the ``AgentError`` instead: paddock failed, not the command.
 

@@ -16,7 +16,7 @@ asked for), ``streaming`` (output, signals and stdin while a turn runs),
 ``commands`` (each command's handler), ``cursors`` (what each turn delivered,
 for ``logs --follow`` and ``attach``), ``status`` and ``deploy_command``.
 
-Exit statuses follow DESIGN.md: the command's own 0..123, 124 timed out, 125
+Exit statuses (docs/cli.md): the command's own 0..123, 124 timed out, 125
 paddock itself failed (a ``paddock: LABEL: ...`` line on stderr and, with
 ``--json``, one JSON object on stdout), 126 refused, 127 not found, 128+N
 killed by signal N (141 when whoever read our stdout went away).

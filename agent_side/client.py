@@ -1,4 +1,4 @@
-"""A synchronous client for the target's v1 API (DESIGN.md, "Wire contract").
+"""A synchronous client for the target's v1 API (docs/api.md).
 
 Every httpx failure leaves this module as an ``AgentError`` (see ``errors``).
 Only three things are retried, each because the contract makes it safe: a

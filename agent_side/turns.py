@@ -3,7 +3,8 @@
 ``drive`` submits with an idempotency key, follows the event stream to its
 terminal event (resuming by cursor through dropped connections), and reads the
 turn's final state; ``follow_turn`` does the same for a turn that exists,
-after a given event (``paddock attach``); ``exit_status`` turns that into DESIGN.md's status;
+after a given event (``paddock attach``); ``exit_status`` turns that into its status
+(docs/design.md);
 ``sole_role`` is the role a request runs as when none is named. Both callers go
 through here, so ``paddock run`` and ``Target.run`` cannot disagree.
 """

@@ -498,6 +498,48 @@ MUTATIONS = (
         '    identity_mode = "server"',
         ("tests/test_kubernetes.py -k config_loads",),
     ),
+    Mutation(
+        "token-as-optional-header",
+        "target_side/service/app.py",
+        "        request: Request, _scheme: Annotated[object, Security(BEARER)]\n",
+        "        request: Request, authorization: Annotated[str | None, Header()] = None\n",
+        ("tests/test_openapi.py -k bearer or header_parameter",),
+    ),
+    Mutation(
+        "405-without-allow",
+        "target_side/service/app.py",
+        '            response.headers["Allow"] = _allowed_methods(request)\n',
+        "            pass\n",
+        ("tests/test_openapi.py -k 405",),
+    ),
+    Mutation(
+        "errors-as-plain-json",
+        "target_side/service/openapi.py",
+        '                        content[PROBLEM_JSON] = content.pop("application/json")',
+        "                        pass",
+        ("tests/test_openapi.py -k problem",),
+    ),
+    Mutation(
+        "one-program-rule-unstated",
+        "shared/wire.py",
+        "    model_config = ConfigDict(json_schema_extra=_ONE_PROGRAM)\n",
+        "",
+        ("tests/test_openapi.py -k decides_as_the_model or one_program",),
+    ),
+    Mutation(
+        "docs-from-a-cdn",
+        "target_side/service/app.py",
+        "    app = FastAPIOffline(\n",
+        "    app = FastAPI(\n",
+        ("tests/test_openapi.py -k docs_page",),
+    ),
+    Mutation(
+        "nagle-on-accepted-connections",
+        "target_side/service/connections.py",
+        "        super().__init__(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)",
+        "        super().__init__(family, socket.SOCK_STREAM)",
+        ("tests/test_connections.py -k without_delay",),
+    ),
 )
 
 # --- issue 9: the host side of a turn ---------------------------------------------------------

@@ -48,6 +48,12 @@ SignalName = Literal["INT", "TERM", "KILL", "HUP"]
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _TURN_ID = re.compile(r"t-[0-9a-f]{32}")
 
+# The validators' rules, as JSON Schema says them (for the OpenAPI document only: the
+# validators below are what the target enforces, with messages that say how to fix it).
+_NO_NUL = r"^[^\u0000]*$"
+_ABSOLUTE = r"^/[^\u0000]*$"
+_HOST_CONTAINER = r"^/[^\u0000:]*(:/[^\u0000]*)?$"
+
 
 def is_turn_id(text: str) -> bool:
     """Whether ``text`` has the shape of a turn id (``t-`` and 32 hex digits)."""
@@ -68,7 +74,11 @@ def _absolute(value: str) -> str:
     return value
 
 
-AbsolutePath = Annotated[str, Field(min_length=1, max_length=4096), AfterValidator(_absolute)]
+AbsolutePath = Annotated[
+    str,
+    Field(min_length=1, max_length=4096, json_schema_extra={"pattern": _ABSOLUTE}),
+    AfterValidator(_absolute),
+]
 
 
 class FsAccess(Wire):
@@ -89,19 +99,69 @@ class Limits(Wire):
     scratch_mb: int | None = Field(default=None, gt=0, description="size of the turn's /tmp")
 
 
+_Argv = Annotated[
+    list[Annotated[str, Field(json_schema_extra={"pattern": _NO_NUL})]],
+    Field(
+        max_length=MAX_ARGV,
+        # The program's name may not be empty; its arguments may.
+        json_schema_extra={
+            "minItems": 1,
+            "prefixItems": [{"type": "string", "minLength": 1, "pattern": _NO_NUL}],
+        },
+    ),
+]
+_Digest = Annotated[str, Field(json_schema_extra={"pattern": "^[0-9a-f]{64}$"})]
+_ONE_PROGRAM = {
+    "oneOf": [
+        {
+            "title": "a command",
+            "required": ["argv"],
+            "properties": {
+                "argv": {"type": "array"},
+                "script": {"type": "null"},
+                "script_sha256": {"type": "null"},
+            },
+        },
+        {
+            "title": "a script",
+            "required": ["script", "script_sha256"],
+            "properties": {
+                "argv": {"type": "null"},
+                "script": {"type": "string"},
+                "script_sha256": {"type": "string"},
+            },
+        },
+    ]
+}
+"""Exactly one of ``argv`` or ``script``, and ``script_sha256`` with ``script`` alone (an
+absent field and ``null`` are the same)."""
+
+
 class TurnRequest(Wire):
     """One command (``argv``) or one script (``script`` + ``script_sha256``) to run."""
 
+    model_config = ConfigDict(json_schema_extra=_ONE_PROGRAM)
+
     role: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
-    argv: list[str] | None = Field(default=None, max_length=MAX_ARGV)
-    script: str | None = Field(default=None, max_length=MAX_SCRIPT_BYTES)
-    script_sha256: str | None = None
+    argv: _Argv | None = Field(
+        default=None, description="the program (found on the fence's PATH) and its arguments"
+    )
+    script: str | None = Field(
+        default=None, max_length=MAX_SCRIPT_BYTES, description="a bash script's body"
+    )
+    script_sha256: _Digest | None = Field(
+        default=None, description="the sha256 of the script's UTF-8 body"
+    )
     cwd: AbsolutePath | None = Field(
         default=None, description="default: the role's first workspace"
     )
     env: dict[str, str] = Field(default_factory=dict, max_length=256)
     fs: FsAccess = Field(default_factory=FsAccess)
-    secrets: list[str] = Field(default_factory=list, max_length=64, description="host:container")
+    secrets: list[Annotated[str, Field(json_schema_extra={"pattern": _HOST_CONTAINER})]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="host:container, both absolute, bound read-only (host alone: at its own path)",
+    )
     network: Literal["none", "host"] = "none"
     limits: Limits = Field(default_factory=Limits)
     stdin: Literal["closed", "open"] = "closed"

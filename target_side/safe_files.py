@@ -1,4 +1,4 @@
-"""Reading and writing the target's private files without trusting the path (seed 003, D4).
+"""The target's private files, read and written without trusting the path (docs/design.md).
 
 Reads open with ``O_NOFOLLOW`` and judge the file by ``fstat`` of what was
 opened, not by a ``stat`` of the name. Writes go to a private temporary file in

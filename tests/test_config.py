@@ -1,4 +1,4 @@
-"""The target's config: errors that name the key, and safe check/apply/mint (seed 003, D4)."""
+"""The target's config: errors that name the key, and safe check/apply/mint."""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@ every descriptor, nor flood the log; a connection that never finishes its reques
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import ssl
@@ -12,11 +13,12 @@ from pathlib import Path
 
 import httpx
 import trustme
-from conftest import BUILDER_TOKEN, events, make_settings, output
+from conftest import BUILDER_TOKEN, events, local_settings, make_settings, output
 from process_support import TargetProcess, target_process, write_config
 
 from shared.walk import canonical_path
-from target_side.service.server import ServerThread
+from target_side.service.connections import ConnectionGuard
+from target_side.service.server import ServerThread, listen
 
 FLOOD = 2000
 PARTIAL_HEAD = b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
@@ -116,3 +118,25 @@ def test_a_stream_longer_than_the_request_timeout_is_not_cut(
             assert (output(evs), evs[-1].kind) == ("done\n", "exit")
             time.sleep(1.5)  # idle between requests on the kept-alive connection
             assert c.get("/v1/health").status_code == 200
+
+
+async def test_accepted_connections_send_without_delay(tmp_path: Path) -> None:
+    """TCP_NODELAY on every accepted connection: without it each response waits ~40 ms for a
+    delayed ACK. asyncio sets it only on sockets whose protocol says TCP."""
+    settings = local_settings(tmp_path)
+    listener = listen(settings, ConnectionGuard(4, 5.0))
+    seen: list[int] = []
+
+    class Record(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            sock = transport.get_extra_info("socket")
+            seen.append(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            transport.close()
+
+    server = await asyncio.get_running_loop().create_server(Record, sock=listener)
+    async with server:
+        _, writer = await asyncio.open_connection("127.0.0.1", listener.getsockname()[1])
+        while not seen:
+            await asyncio.sleep(0.01)
+        writer.close()
+    assert seen == [1]

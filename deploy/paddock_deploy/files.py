@@ -1,4 +1,4 @@
-"""Files and links written the safe way (seed 003, D4), and put back as they were."""
+"""Files and links written the safe way (docs/design.md, "Private files"), and put back."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A turn's environment, built from empty (seed 003, D3, its environment half).
+"""A turn's environment, built from empty (docs/design.md, "The environment").
 
 The names a turn gets are a fixed list, then what the request declares, then
 the turn id the target mints. Nothing of the server's own environment reaches

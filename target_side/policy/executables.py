@@ -1,4 +1,4 @@
-"""Finding a turn's program as the fence will, and deciding whether it may run (seed 003, D3).
+"""Finding a turn's program as the fence will, and whether it may run (docs/design.md).
 
 The name is looked up only on the PATH the fence gives the turn, and only in
 directories the fence mounts; what the search lands on must be a regular,

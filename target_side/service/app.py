@@ -1,8 +1,14 @@
-"""The HTTP API (DESIGN.md, "Wire contract, v1"), built per ``Settings`` by ``create_app``.
+"""The HTTP API (docs/api.md), built per ``Settings`` by ``create_app``.
 
 Transport failures (bad JSON, unknown turn, auth) are RFC 9457 problem
 bodies; a refused turn is a turn, not an HTTP error. No handler waits on a
 turn's process, and no traceback ever reaches a client.
+
+The OpenAPI document at ``/openapi.json`` says what each route really does:
+the bearer scheme on every route but health, each error status a route can
+answer (as ``application/problem+json``), the event stream as
+``text/event-stream``. ``/docs`` shows it with Swagger UI, served from the
+target itself (no CDN: a target may have no way out).
 """
 
 import asyncio
@@ -12,10 +18,12 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi import Depends, FastAPI, Header, Query, Request, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from shared.wire import (
     TERMINAL_KINDS,
@@ -48,13 +56,25 @@ from target_side.policy.plan import host_ids
 from target_side.service.auth import TokenRoles, require_role
 from target_side.service.body_limit import BodyLimit
 from target_side.service.health import HealthBoard
+from target_side.service.openapi import (
+    API_VERSION,
+    BEARER,
+    DESCRIPTION,
+    EVENT_STREAM,
+    MAX_BODY,
+    PROBLEM_JSON,
+    RAW_BYTES,
+    TITLE,
+    TURN_LINKS,
+    TurnId,
+    errors,
+    openapi,
+)
 from target_side.service.state_lock import StateLock
 from target_side.service.turns import TurnManager, TurnRecord
 from target_side.tools import config_file
 
 log = logging.getLogger("paddock.target")
-PROBLEM_JSON = "application/problem+json"
-MAX_BODY = 1 << 20
 
 
 def create_app(
@@ -81,49 +101,96 @@ def create_app(
         sweeper.cancel()
         await manager.shutdown()
 
-    app = FastAPI(
-        title="paddock target", version="1", lifespan=lifespan, docs_url=None, redoc_url=None
+    # FastAPIOffline: FastAPI's own Swagger UI page, its scripts served from the package.
+    app = FastAPIOffline(
+        title=TITLE,
+        version=API_VERSION,
+        lifespan=lifespan,
+        docs_url="/docs",
+        redoc_url=None,
+        description=DESCRIPTION,
     )
+    app.openapi = lambda: openapi(app)  # type: ignore[method-assign]
     app.state.manager = manager
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY)
     _install_problem_handlers(app)
 
-    def caller_roles(authorization: Annotated[str | None, Header()] = None) -> frozenset[str]:
-        return tokens.roles_for(authorization)
+    def caller_roles(
+        request: Request, _scheme: Annotated[object, Security(BEARER)]
+    ) -> frozenset[str]:
+        return tokens.roles_for(request.headers.get("authorization"))
 
     Roles = Annotated[frozenset[str], Depends(caller_roles)]
 
-    def visible_turn(turn_id: str, roles: Roles) -> TurnRecord:
+    def visible_turn(turn_id: TurnId, roles: Roles) -> TurnRecord:
         if not is_turn_id(turn_id):
             raise UnknownTurn(f"{turn_id!r} is not a turn id (t- and 32 hex digits)")
         return manager.get(turn_id, roles)
 
     Visible = Annotated[TurnRecord, Depends(visible_turn)]
 
-    @app.get("/v1/health")
+    @app.get("/v1/health", operation_id="health", summary="The target's health")
     async def health() -> Health:
+        """Whether the target is armed, and every active cause if it is degraded. No token."""
         return board.snapshot()
 
-    @app.post("/v1/turns", status_code=201)
+    @app.post(
+        "/v1/turns",
+        status_code=201,
+        operation_id="submitTurn",
+        summary="Start a turn",
+        response_description="The new turn: running, or already refused",
+        responses={
+            201: {"links": TURN_LINKS},
+            **errors(400, 401, 403, 413, 422, 429, 503),
+        },
+    )
     async def submit(
         request: TurnRequest,
         roles: Roles,
-        idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+        idempotency_key: Annotated[
+            str | None,
+            Header(
+                alias="Idempotency-Key",
+                max_length=200,
+                description="a retried POST with the same key (and role) returns the same turn",
+            ),
+        ] = None,
     ) -> Turn:
+        """Start a turn. A refused turn is a turn too (201, state ``refused``)."""
         require_role(roles, request.role)
         return await manager.submit(request, idempotency_key)
 
-    @app.get("/v1/turns/{turn_id}")
+    @app.get(
+        "/v1/turns/{turn_id}",
+        operation_id="getTurn",
+        summary="A turn",
+        responses=errors(401, 404),
+    )
     async def get_turn(record: Visible) -> Turn:
+        """The turn as the target knows it now."""
         return record.turn
 
-    @app.get("/v1/turns/{turn_id}/events")
+    @app.get(
+        "/v1/turns/{turn_id}/events",
+        operation_id="turnEvents",
+        summary="Follow a turn's events",
+        response_class=StreamingResponse,
+        responses={200: EVENT_STREAM, **errors(401, 404, 422)},
+    )
     async def events(
         record: Visible,
-        after: Annotated[int, Query(ge=0)] = 0,
-        wait: Annotated[float | None, Query(gt=0)] = None,
-        last_event_id: Annotated[int | None, Header(ge=0)] = None,
+        after: Annotated[int, Query(ge=0, description="only events with a greater seq")] = 0,
+        wait: Annotated[
+            float | None,
+            Query(gt=0, description="end the stream after this many seconds without an event"),
+        ] = None,
+        last_event_id: Annotated[
+            int | None,
+            Header(ge=0, alias="Last-Event-ID", description="as `after` (SSE reconnection)"),
+        ] = None,
     ) -> StreamingResponse:
+        """The turn's events after a seq, as Server-Sent Events, until its terminal event."""
         start = max(after, last_event_id or 0)
         stream = _sse(record, start, wait, settings.server.heartbeat_s)
         return StreamingResponse(
@@ -132,33 +199,62 @@ def create_app(
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
 
-    @app.post("/v1/turns/{turn_id}/signal", status_code=202)
+    @app.post(
+        "/v1/turns/{turn_id}/signal",
+        status_code=202,
+        operation_id="signalTurn",
+        summary="Signal a turn",
+        responses=errors(400, 401, 404, 409, 413, 422),
+    )
     async def send_signal(body: SignalRequest, record: Visible) -> Turn:
+        """Send a signal to every process of a running turn."""
         manager.signal(record, body.signal)
         return record.turn
 
-    @app.post("/v1/turns/{turn_id}/stdin", status_code=202)
+    @app.post(
+        "/v1/turns/{turn_id}/stdin",
+        status_code=202,
+        operation_id="writeStdin",
+        summary="Write to a turn's stdin",
+        responses=errors(401, 404, 409, 413, 422),
+        openapi_extra={"requestBody": RAW_BYTES},
+    )
     async def send_stdin(
-        request: Request, record: Visible, eof: Annotated[bool, Query()] = False
+        request: Request,
+        record: Visible,
+        eof: Annotated[bool, Query(description="close the turn's stdin after these bytes")] = False,
     ) -> Turn:
+        """Write the body's bytes to the turn's stdin (it must have been started with it open)."""
         data = await request.body()
         await manager.write_stdin(record, data, eof)
         return record.turn
 
-    @app.post("/v1/plan")
+    @app.post(
+        "/v1/plan",
+        operation_id="planTurn",
+        summary="Plan a turn (dry run)",
+        responses=errors(400, 401, 403, 413, 422),
+    )
     async def dry_run(request: TurnRequest, roles: Roles) -> PlanResult:
+        """The fence this request would get, or its refusal; nothing is built or run."""
         require_role(roles, request.role)
         return await asyncio.to_thread(manager.dry_run, request)
 
-    @app.get("/v1/roles")
+    @app.get(
+        "/v1/roles", operation_id="heldRoles", summary="The token's roles", responses=errors(401)
+    )
     async def held_roles(roles: Roles) -> RoleList:
         """The roles this token holds: a client with one needs no ``role`` named."""
         return RoleList(roles=sorted(roles))
 
-    @app.get("/v1/turns")
+    @app.get(
+        "/v1/turns", operation_id="listTurns", summary="Recent turns", responses=errors(401, 422)
+    )
     async def list_turns(
-        roles: Roles, limit: Annotated[int, Query(ge=1, le=1000)] = 50
+        roles: Roles,
+        limit: Annotated[int, Query(ge=1, le=1000, description="at most this many")] = 50,
     ) -> list[Turn]:
+        """The newest turns of the token's roles, newest first."""
         return await manager.recent(roles, limit)
 
     return app
@@ -309,14 +405,31 @@ def _install_problem_handlers(app: FastAPI) -> None:
         return response
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return _problem(exc.status_code, str(exc.detail))
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        response = _problem(exc.status_code, str(exc.detail))
+        if exc.status_code == 405:
+            response.headers["Allow"] = _allowed_methods(request)
+        return response
 
     @app.exception_handler(Exception)
     async def internal(request: Request, exc: Exception) -> JSONResponse:
         # The details go to the server log, never to the client.
         log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
         return _problem(500, "Internal error", "the target failed; its log has the details")
+
+
+def _allowed_methods(request: Request) -> str:
+    """Every method some route serves at this path (RFC 9110: what the resource supports).
+
+    Starlette names only the methods of the first route matching the path, and
+    ``/v1/turns`` has two routes (GET and POST).
+    """
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return ", ".join(sorted(methods))
 
 
 def _field_problem(error: Mapping[str, Any]) -> ProblemField:

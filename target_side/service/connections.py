@@ -163,7 +163,9 @@ class GuardedListener(socket.socket):
     """A listening socket that reports every connection it accepts to its guard."""
 
     def __init__(self, family: int, guard: ConnectionGuard) -> None:
-        super().__init__(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say TCP, and
+        # without it every response waits ~40 ms for a delayed ACK (Nagle).
+        super().__init__(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.guard = guard
 
     def accept(self) -> tuple[socket.socket, Any]:

@@ -1,4 +1,4 @@
-"""Per-cause health (seed 004): each cause is set by its detector, cleared by its own recovery."""
+"""Per-cause health (docs/design.md, "Health"): each cause set and cleared by its own signal."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Checking and installing config files, and minting role tokens into them (seed 003, D4).
+"""Checking and installing config files, and minting role tokens into them (safe_files).
 
 ``check`` collects every problem rather than stopping at the first, so one run
 tells the operator everything to fix. ``apply`` installs only a file that

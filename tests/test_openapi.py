@@ -1,0 +1,204 @@
+"""The OpenAPI document a real target serves says what the target really does.
+
+Fetched from a running target (uvicorn, TLS), never built in-process: what a
+client downloads is what is checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+import httpx
+import jsonschema_rs
+import pytest
+from conftest import Target
+
+from shared.wire import TurnRequest
+
+PROBLEM = {"$ref": "#/components/schemas/Problem"}
+
+ERRORS = {
+    ("get", "/v1/health"): set(),
+    ("post", "/v1/turns"): {400, 401, 403, 413, 422, 429, 503},
+    ("get", "/v1/turns"): {401, 422},
+    ("get", "/v1/turns/{turn_id}"): {401, 404},
+    ("get", "/v1/turns/{turn_id}/events"): {401, 404, 422},
+    ("post", "/v1/turns/{turn_id}/signal"): {400, 401, 404, 409, 413, 422},
+    ("post", "/v1/turns/{turn_id}/stdin"): {401, 404, 409, 413, 422},
+    ("post", "/v1/plan"): {400, 401, 403, 413, 422},
+    ("get", "/v1/roles"): {401},
+}
+"""Every route and the error statuses it can answer, as the handlers and middleware raise them."""
+
+
+@pytest.fixture(scope="module")
+def document(target: Target) -> dict[str, Any]:
+    with target.client(token=None) as anonymous:
+        response = anonymous.get("/openapi.json")
+    assert response.status_code == 200
+    return response.json()
+
+
+def operations(document: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {
+        (method, path): operation
+        for path, methods in document["paths"].items()
+        for method, operation in methods.items()
+    }
+
+
+def test_openapi_lists_every_route(document: dict[str, Any]) -> None:
+    assert set(operations(document)) == set(ERRORS)
+
+
+def test_openapi_bearer_scheme_guards_every_route_but_health(document: dict[str, Any]) -> None:
+    schemes = document["components"]["securitySchemes"]
+    assert schemes == {
+        "bearer": {
+            "type": "http",
+            "scheme": "bearer",
+            "description": schemes["bearer"]["description"],
+        }
+    }
+    for key, operation in operations(document).items():
+        expected = None if key == ("get", "/v1/health") else [{"bearer": []}]
+        assert operation.get("security") == expected, key
+
+
+def test_openapi_token_is_no_header_parameter(document: dict[str, Any]) -> None:
+    for key, operation in operations(document).items():
+        names = {p["name"].lower() for p in operation.get("parameters", [])}
+        assert "authorization" not in names, key
+
+
+def test_openapi_documents_each_error_as_a_problem(document: dict[str, Any]) -> None:
+    for key, operation in operations(document).items():
+        responses = operation["responses"]
+        errors = {int(status) for status in responses if status[0] in "45"}
+        assert errors == ERRORS[key], key
+        for status in errors:
+            content = responses[str(status)]["content"]
+            assert content == {"application/problem+json": {"schema": PROBLEM}}, (key, status)
+    assert "HTTPValidationError" not in document["components"]["schemas"]
+
+
+def test_openapi_retry_and_auth_headers_are_declared(document: dict[str, Any]) -> None:
+    submit = operations(document)[("post", "/v1/turns")]["responses"]
+    for status in ("429", "503"):
+        header = submit[status]["headers"]["Retry-After"]
+        assert header["required"] is True and header["schema"]["type"] == "integer"
+    assert submit["401"]["headers"]["WWW-Authenticate"]["required"] is True
+
+
+def test_openapi_events_are_an_event_stream(document: dict[str, Any]) -> None:
+    ok = operations(document)[("get", "/v1/turns/{turn_id}/events")]["responses"]["200"]
+    assert set(ok["content"]) == {"text/event-stream"}
+    item = ok["content"]["text/event-stream"]["itemSchema"]
+    assert item["required"] == ["id", "event", "data"]
+    assert item["properties"]["data"]["contentSchema"] == {"$ref": "#/components/schemas/Event"}
+    assert "Event" in document["components"]["schemas"]
+
+
+def test_openapi_last_event_id_is_an_integer_header(document: dict[str, Any]) -> None:
+    parameters = operations(document)[("get", "/v1/turns/{turn_id}/events")]["parameters"]
+    (header,) = [p for p in parameters if p["in"] == "header"]
+    assert header["name"] == "Last-Event-ID"
+    assert header["schema"]["type"] == "integer"
+    assert header["schema"]["minimum"] == 0
+
+
+def test_openapi_parameters_are_never_null(document: dict[str, Any]) -> None:
+    # A parameter is text on the wire: a client could only send "null" as four letters.
+    for key, operation in operations(document).items():
+        for parameter in operation.get("parameters", []):
+            assert "null" not in str(parameter["schema"]), (key, parameter["name"])
+
+
+def test_openapi_stdin_takes_raw_bytes(document: dict[str, Any]) -> None:
+    body = operations(document)[("post", "/v1/turns/{turn_id}/stdin")]["requestBody"]
+    assert set(body["content"]) == {"application/octet-stream"}
+
+
+def test_openapi_new_turn_links_to_its_next_steps(document: dict[str, Any]) -> None:
+    links = operations(document)[("post", "/v1/turns")]["responses"]["201"]["links"]
+    ids = {op["operationId"] for op in operations(document).values()}
+    assert set(links) == {"getTurn", "turnEvents", "signalTurn", "writeStdin"}
+    for link in links.values():
+        assert link["operationId"] in ids
+        assert link["parameters"] == {"turn_id": "$response.body#/turn_id"}
+
+
+SCRIPT = "echo hi\n"
+DIGEST = hashlib.sha256(SCRIPT.encode()).hexdigest()
+REQUESTS = [
+    {"role": "b", "argv": ["make", "test"]},
+    {"role": "b", "argv": ["make", ""]},
+    {"role": "b", "argv": ["make"], "script": None, "script_sha256": None},
+    {"role": "b", "script": SCRIPT, "script_sha256": DIGEST},
+    {"role": "b", "script": SCRIPT, "script_sha256": DIGEST, "argv": None},
+    {"role": "b"},
+    {"role": "b", "argv": None},
+    {"role": "b", "argv": []},
+    {"role": "b", "argv": [""]},
+    {"role": "b", "argv": ["a\0b"]},
+    {"role": "b", "argv": ["make"], "script": SCRIPT, "script_sha256": DIGEST},
+    {"role": "b", "script": SCRIPT},
+    {"role": "b", "script": SCRIPT, "script_sha256": "ABC"},
+    {"role": "b", "argv": ["make"], "script_sha256": DIGEST},
+    {"role": "b", "argv": ["make"], "cwd": "relative"},
+    {"role": "b", "argv": ["make"], "cwd": "/srv/work"},
+    {"role": "b", "argv": ["make"], "secrets": ["/run/key:/key"]},
+    {"role": "b", "argv": ["make"], "secrets": ["/run/key"]},
+    {"role": "b", "argv": ["make"], "secrets": ["/run/key:key"]},
+    {"role": "b", "argv": ["make"], "secrets": ["run/key"]},
+    {"role": "b", "argv": ["make"], "fs": {"read": ["/data"], "write": ["out"]}},
+    {"role": "b", "argv": ["make"], "unknown": 1},
+]
+
+
+@pytest.mark.parametrize("body", REQUESTS, ids=lambda b: re.sub(r"\W+", "-", str(b))[:60])
+def test_openapi_turn_request_schema_decides_as_the_model(
+    document: dict[str, Any], body: dict[str, Any]
+) -> None:
+    """The schema accepts exactly what the target accepts: argv or script, and the rest."""
+    schema = {"$ref": "#/components/schemas/TurnRequest", "components": document["components"]}
+    validator = jsonschema_rs.Draft202012Validator(schema)
+    try:
+        TurnRequest.model_validate(body)
+        taken = True
+    except ValueError:
+        taken = False
+    assert validator.is_valid(body) == taken
+
+
+def test_openapi_turn_request_states_one_program(document: dict[str, Any]) -> None:
+    rule = document["components"]["schemas"]["TurnRequest"]["oneOf"]
+    assert [branch["required"] for branch in rule] == [["argv"], ["script", "script_sha256"]]
+
+
+def test_undeclared_method_is_405_with_allow(client: httpx.Client) -> None:
+    health = client.request("TRACE", "/v1/health")
+    assert health.status_code == 405
+    assert health.headers["content-type"] == "application/problem+json"
+    assert health.headers["allow"] == "GET"
+    # Two routes share /v1/turns: Allow names the methods of both.
+    turns = client.request("DELETE", "/v1/turns")
+    assert turns.status_code == 405
+    assert turns.headers["allow"] == "GET, POST"
+
+
+def test_docs_page_loads_nothing_from_elsewhere(target: Target) -> None:
+    with target.client(token=None) as anonymous:
+        page = anonymous.get("/docs")
+        assert page.status_code == 200
+        assert page.headers["content-type"].startswith("text/html")
+        assert "/openapi.json" in page.text
+        assets = re.findall(r"""(?:src|href)=["']([^"']+)["']""", page.text)
+        assert assets, page.text
+        for asset in assets:
+            assert not re.match(r"(https?:)?//", asset), f"{asset}: loaded from elsewhere"
+            fetched = anonymous.get(asset)
+            assert fetched.status_code == 200, asset
+            assert len(fetched.content) > 0
