@@ -9,16 +9,26 @@ from typing import TYPE_CHECKING
 
 from agent_side.connection import ssh_passphrase
 from agent_side.errors import UsageError
-from paddock_deploy.protocol import PASSED_OPTIONS
 
 if TYPE_CHECKING:
     from agent_side.cli import CommandParser
 
+HELP = "install or upgrade a target over SSH, and store it for -t NAME"
 
-def add_deploy_parser(commands: argparse._SubParsersAction[CommandParser]) -> None:
+
+def add_deploy_parser(
+    commands: argparse._SubParsersAction[CommandParser], *, options: bool = True
+) -> None:
+    """``paddock deploy``; with ``options`` False only its name and help (another command runs)."""
+    if not options:
+        commands.add_parser("deploy", help=HELP)
+        return
+    # Loaded only for deploy: the protocol module brings ssl and pathlib with it.
+    from paddock_deploy.protocol import PASSED_OPTIONS
+
     deploy = commands.add_parser(
         "deploy",
-        help="install or upgrade a target over SSH, and store it for -t NAME",
+        help=HELP,
         description="Upload this paddock and its deploy script over SSH, run it as root, "
         "and store the target (route, tokens, pinned CA) under NAME for 'paddock run -t NAME'.",
     )

@@ -1,0 +1,367 @@
+"""``paddock run``'s side of the multiplexer: find (or start) the daemon, then relay one turn.
+
+The command line is read here exactly as without the multiplexer (the same
+``request_options`` and ``resolve_connection``), so a mistake in it is the
+same error before anything is contacted. The daemon then opens the target,
+submits, follows and resumes; this process only copies what it is sent to
+its stdout and stderr, counts Ctrl-C and TERM as ``paddock run`` always has
+(INT, then KILL, then stop waiting; TERM sends KILL, a second stops waiting),
+forwards stdin, and exits with the status it is sent.
+
+Standard library only, besides paddock's own light modules: no httpx, no
+pydantic, no paramiko, no asyncio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from types import FrameType
+
+from agent_side import errors
+from agent_side.connection import resolve_connection
+from agent_side.errors import AgentError
+from agent_side.mux.frames import PROTOCOL, Channel, Message
+from agent_side.mux.paths import (
+    MuxDir,
+    MuxUnavailable,
+    check_peer,
+    check_socket_file,
+    default_dir,
+)
+from agent_side.mux.settings import NO_MUX_VARIABLE, persist_seconds
+from agent_side.request_options import request_options
+from agent_side.route import route_of
+from agent_side.stdio import (
+    BROKEN_PIPE,
+    INTERRUPTED,
+    TERMINATED,
+    StopWaiting,
+    silence_stdout,
+    stdin_fd,
+    stdin_is_terminal,
+    write,
+)
+from agent_side.views import say
+
+START_TIMEOUT_S = 20.0
+"""How long a new daemon may take to listen (it binds before loading anything heavy)."""
+STDIN_CHUNK = 64 * 1024
+STDIN_WINDOW = 4
+"""Stdin chunks in flight before the daemon acknowledges one: bounds what it buffers."""
+SIGNAL_GRACE_S = 5.0
+
+
+def wanted(args: argparse.Namespace, environ: Mapping[str, str]) -> bool:
+    """Whether this ``paddock run`` goes through the multiplexer."""
+    if args.no_mux or args.local or not sys.platform.startswith("linux"):
+        return False
+    return environ.get(NO_MUX_VARIABLE, "") in ("", "0")
+
+
+def run(args: argparse.Namespace, environ: Mapping[str, str]) -> int | None:
+    """Run the turn through the multiplexer; None when none could be used (nothing was sent).
+
+    A socket or directory that could be someone else's raises ``MuxUnsafe``:
+    that is refused, not worked around.
+    """
+    options = request_options(args, environ, None)
+    connection = resolve_connection(args, environ)
+    route = route_of(args, connection).absolute()
+    identity = route.identity(environ)
+    forward = not args.no_stdin
+    stdin_open = forward and stdin_fd() is not None
+    request: Message = {
+        "op": "run",
+        "protocol": PROTOCOL,
+        "route": identity,
+        "token": connection.token,
+        "role": connection.role,
+        "passphrase": environ.get("PADDOCK_SSH_PASSPHRASE"),
+        "can_prompt": _can_prompt(),
+        "persist": persist_seconds(args, environ),
+        "options": {
+            "argv": list(options.argv),
+            "cwd": options.cwd,
+            "env": dict(options.env),
+            "read": list(options.read),
+            "write": list(options.write),
+            "network": options.network,
+            "wall_s": options.wall_s,
+        },
+        "stdin": "open" if stdin_open else "closed",
+        "stdin_note": forward and not stdin_open and stdin_is_terminal(),
+        "json": bool(args.json),
+    }
+    try:
+        with MuxDir.open(default_dir(environ)) as mux_dir:
+            channel = _accepted(mux_dir, daemon_name(identity), request, environ)
+    except MuxUnavailable as exc:
+        say(f"note: {exc}; running without the multiplexer (--no-mux skips this)")
+        return None
+    return Session(channel, stdin_open=stdin_open).relay()
+
+
+def daemon_name(identity: Mapping[str, object]) -> str:
+    """The socket's NAME: a hash of the route's identity (which holds no secret)."""
+    import hashlib
+    import json
+
+    text = json.dumps(identity, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _accepted(mux_dir: MuxDir, name: str, request: Message, environ: Mapping[str, str]) -> Channel:
+    """A connection to the daemon for ``name`` that has accepted ``request``.
+
+    A daemon that closes the connection before accepting (it was leaving,
+    idle) has done nothing with it: the request goes to a new one.
+    """
+    for _attempt in range(3):
+        sock = connect(mux_dir, name)
+        if sock is None:
+            starter = start_daemon(mux_dir, name, environ)
+            try:
+                sock = _wait_for(mux_dir, name)
+            finally:
+                os.waitpid(starter, 0)  # it left as soon as the daemon forked off
+        channel = Channel(sock)
+        try:
+            channel.send(request)
+            reply = channel.receive()
+        except (ConnectionError, OSError):
+            reply = None
+        if reply is not None:
+            message, _ = reply
+            if message.get("t") == "accepted":
+                return channel
+            channel.close()
+            raise _error_of(message)
+        channel.close()
+    raise MuxUnavailable(f"the multiplexer at {mux_dir.shown(name)} keeps closing connections")
+
+
+def connect(mux_dir: MuxDir, name: str) -> socket.socket | None:
+    """A connection to the daemon serving ``name``; None if there is none (or only a stale socket).
+
+    ``MuxUnsafe`` when the socket or the process behind it is not ours.
+    """
+    info = mux_dir.lstat(name)
+    if info is None:
+        return None
+    shown = mux_dir.shown(name)
+    check_socket_file(shown, info)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        sock.connect(mux_dir.address(name))
+        check_peer(shown, sock)
+    except (ConnectionRefusedError, FileNotFoundError):
+        sock.close()
+        return None  # the daemon died: its replacement removes the socket and binds anew
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def start_daemon(mux_dir: MuxDir, name: str, environ: Mapping[str, str]) -> int:
+    """Start ``paddock mux serve NAME`` in a session of its own; returns the pid to reap.
+
+    That process forks at once and leaves (``--detach``), so the daemon is
+    adopted by init, not left a child of a process that may live on. Its
+    environment is ours without any ``PADDOCK_*`` variable: the token and a
+    passphrase reach it over the socket, per request, and nowhere else.
+    """
+    argv = [sys.executable, "-m", "agent_side.cli", "mux", "serve", "--detach"]
+    argv += ["--dir", mux_dir.path, name]
+    env = {k: v for k, v in environ.items() if not k.startswith("PADDOCK_")}
+    log = mux_dir.open_file(name, ".log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        return os.posix_spawn(
+            sys.executable,
+            argv,
+            env,
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+                (os.POSIX_SPAWN_DUP2, log, 2),
+            ],
+            setsid=True,
+        )
+    except OSError as exc:
+        raise MuxUnavailable(f"cannot start the multiplexer: {exc}") from exc
+    finally:
+        os.close(log)
+
+
+def _wait_for(mux_dir: MuxDir, name: str) -> socket.socket:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    delay = 0.002
+    while time.monotonic() < deadline:
+        sock = connect(mux_dir, name)
+        if sock is not None:
+            return sock
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+    raise MuxUnavailable(
+        f"the multiplexer did not start within {START_TIMEOUT_S:g} s "
+        f"(its log: {mux_dir.shown(name, '.log')})"
+    )
+
+
+def _can_prompt() -> bool:
+    """Whether a passphrase could be asked for here (as ``ssh.interactive_passphrase`` would)."""
+    if sys.stdin is None or not stdin_is_terminal():
+        return False
+    try:
+        with open("/dev/tty", "rb"):
+            return True
+    except OSError:
+        return False
+
+
+def _error_of(message: Message) -> AgentError:
+    """The ``AgentError`` the daemon reported, as its own class when this side knows it."""
+    kind = _error_classes().get(str(message.get("type")), AgentError)
+    return kind(str(message.get("message", "the multiplexer failed without saying why")))
+
+
+def _error_classes() -> dict[str, type[AgentError]]:
+    found: dict[str, type[AgentError]] = {}
+    pending: list[type[AgentError]] = [errors.AgentError]
+    while pending:
+        kind = pending.pop()
+        found[kind.__name__] = kind
+        pending.extend(kind.__subclasses__())
+    return found
+
+
+class Session:
+    """One accepted turn: copy what the daemon sends, and send it our signals and stdin."""
+
+    def __init__(self, channel: Channel, *, stdin_open: bool) -> None:
+        self._channel = channel
+        self._stdin_open = stdin_open
+        self._credits = threading.Semaphore(STDIN_WINDOW)
+        self._presses = 0
+        self._terms = 0
+        self._sending: list[threading.Thread] = []
+        self.pipe_broken = False
+
+    def relay(self) -> int:
+        """Copy the turn's output until its status arrives; returns the status to exit with."""
+        previous = self._install()
+        try:
+            if self._stdin_open:
+                threading.Thread(target=self._feed_stdin, daemon=True, name="paddock-stdin").start()
+            return self._copy()
+        finally:
+            self._restore(previous)
+            for thread in self._sending:
+                thread.join(SIGNAL_GRACE_S)
+            self._channel.close()
+
+    def _copy(self) -> int:
+        while True:
+            received = self._channel.receive()
+            if received is None:
+                raise errors.ConnectionDropped(
+                    "the multiplexer went away mid-turn (stopped or killed); the turn may "
+                    "still be running on the target ('paddock turns' lists it)"
+                )
+            message, data = received
+            kind = message.get("t")
+            if kind == "stdout":
+                self._stdout(data)
+            elif kind == "stderr":
+                write(sys.stderr, data)
+            elif kind == "say":
+                say(str(message.get("text", "")))
+            elif kind == "ack":
+                self._credits.release()
+            elif kind == "passphrase":
+                self._answer_passphrase(str(message.get("path", "")))
+            elif kind == "exit":
+                status = int(message.get("status", 125))
+                return BROKEN_PIPE if self.pipe_broken else status
+            elif kind == "error":
+                raise _error_of(message)
+
+    def _stdout(self, data: bytes) -> None:
+        if self.pipe_broken:
+            return
+        try:
+            write(sys.stdout, data)
+        except BrokenPipeError:
+            # Like SIGPIPE for a local pipeline: nobody reads on, so stop the producer.
+            self.pipe_broken = True
+            silence_stdout()
+            self._send_signal("TERM", quiet=True)
+
+    def _answer_passphrase(self, path: str) -> None:
+        import getpass
+
+        try:
+            secret: str | None = getpass.getpass(f"Passphrase for key {path}: ")
+        except (OSError, EOFError):
+            secret = None
+        self._channel.send({"t": "passphrase", "value": secret})
+
+    def _feed_stdin(self) -> None:
+        # Read errors end the copy without closing the turn's stdin, as without the multiplexer.
+        try:
+            while True:
+                self._credits.acquire()
+                chunk = os.read(0, STDIN_CHUNK)
+                if not chunk:
+                    break
+                self._channel.send({"t": "stdin"}, chunk)
+            self._channel.send({"t": "stdin-eof"})
+        except (OSError, ValueError):
+            return
+
+    # -- signals: the handlers only count and decide; a thread does the sending -----------
+
+    def _install(self) -> tuple[object, object] | None:
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        return (
+            signal.signal(signal.SIGINT, self._on_sigint),
+            signal.signal(signal.SIGTERM, self._on_sigterm),
+        )
+
+    def _restore(self, previous: tuple[object, object] | None) -> None:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous[0])  # type: ignore[arg-type]
+            signal.signal(signal.SIGTERM, previous[1])  # type: ignore[arg-type]
+
+    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
+        self._presses += 1
+        if self._presses >= 3:
+            raise StopWaiting(INTERRUPTED)
+        self._send_signal("INT" if self._presses == 1 else "KILL")
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        self._terms += 1
+        if self._terms >= 2:
+            raise StopWaiting(TERMINATED)
+        self._send_signal("KILL")
+
+    def _send_signal(self, name: str, *, quiet: bool = False) -> None:
+        thread = threading.Thread(
+            target=self._post_signal, args=(name, quiet), daemon=True, name="paddock-signal"
+        )
+        self._sending.append(thread)
+        thread.start()
+
+    def _post_signal(self, name: str, quiet: bool) -> None:
+        try:
+            self._channel.send({"t": "signal", "name": name, "quiet": quiet})
+        except OSError:
+            return  # the daemon is gone; the copy loop says so
