@@ -248,6 +248,33 @@ def test_ssh_cli_ctrl_c_reaches_the_turn_through_the_tunnel(
     assert wait_until(lambda: not processes_with("sleep", marker))
 
 
+def test_ssh_cli_runs_share_one_connection_through_the_mux(
+    sshd, known_hosts, listener, home
+) -> None:
+    before = sshd.accepted_logins()
+    for n in range(3):
+        result = paddock(
+            "run", *via_ssh(sshd, known_hosts, listener), "--", "echo", str(n), home=home
+        )
+        assert (result.returncode, result.stdout) == (0, f"{n}\n".encode()), result.stderr
+    assert sshd.accepted_logins() - before == 1  # the multiplexer's one SSH connection
+    direct = paddock(
+        "run", "--no-mux", *via_ssh(sshd, known_hosts, listener), "--", "true", home=home
+    )
+    assert direct.returncode == 0, direct.stderr
+    assert sshd.accepted_logins() - before == 2
+
+
+def test_ssh_cli_mux_reconnects_after_its_connection_is_killed(
+    sshd, known_hosts, listener, home
+) -> None:
+    args = via_ssh(sshd, known_hosts, listener)
+    assert paddock("run", *args, "--", "true", home=home).returncode == 0
+    assert sshd.kill_sessions() >= 1  # the multiplexer's connection dies under it
+    result = paddock("run", *args, "--", "echo", "back", home=home)
+    assert (result.returncode, result.stdout) == (0, b"back\n"), result.stderr
+
+
 # -- the same turns over an OpenSSH-forwarded port (`ssh -L`) -----------------------------
 
 

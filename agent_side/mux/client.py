@@ -15,6 +15,7 @@ pydantic, no paramiko, no asyncio.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import socket
@@ -252,6 +253,9 @@ class Session:
         self._presses = 0
         self._terms = 0
         self._sending: list[threading.Thread] = []
+        self._signals_sent = 0
+        self._signals_done = 0
+        self._counting = threading.Lock()
         self.pipe_broken = False
 
     def relay(self) -> int:
@@ -260,7 +264,11 @@ class Session:
         try:
             if self._stdin_open:
                 threading.Thread(target=self._feed_stdin, daemon=True, name="paddock-stdin").start()
-            return self._copy()
+            try:
+                return self._copy()
+            except StopWaiting:
+                self._settle_signals()
+                raise
         finally:
             self._restore(previous)
             for thread in self._sending:
@@ -285,6 +293,8 @@ class Session:
                 say(str(message.get("text", "")))
             elif kind == "ack":
                 self._credits.release()
+            elif kind == "signal-done":
+                self._signals_done += 1
             elif kind == "passphrase":
                 self._answer_passphrase(str(message.get("path", "")))
             elif kind == "exit":
@@ -292,6 +302,33 @@ class Session:
                 return BROKEN_PIPE if self.pipe_broken else status
             elif kind == "error":
                 raise _error_of(message)
+
+    def _settle_signals(self) -> None:
+        """Giving up: first let the signals already sent reach the turn, and say so.
+
+        The multiplexer reports each one when it has been posted; output that
+        comes meanwhile is no longer shown, as without the multiplexer.
+        """
+        for thread in self._sending:
+            thread.join(SIGNAL_GRACE_S)
+        deadline = time.monotonic() + SIGNAL_GRACE_S
+        with contextlib.suppress(OSError, AgentError):
+            while self._signals_done < self._signals_sent:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._channel.sock.settimeout(left)
+                received = self._channel.receive()
+                if received is None:
+                    return
+                message, _ = received
+                kind = message.get("t")
+                if kind == "say":
+                    say(str(message.get("text", "")))
+                elif kind == "signal-done":
+                    self._signals_done += 1
+                elif kind in ("exit", "error"):
+                    return
 
     def _stdout(self, data: bytes) -> None:
         if self.pipe_broken:
@@ -365,3 +402,5 @@ class Session:
             self._channel.send({"t": "signal", "name": name, "quiet": quiet})
         except OSError:
             return  # the daemon is gone; the copy loop says so
+        with self._counting:
+            self._signals_sent += 1

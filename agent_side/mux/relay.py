@@ -62,7 +62,7 @@ def relay_turn(target: Target, channel: Channel, message: Message) -> None:
     if message.get("stdin_note"):
         output.say(TERMINAL_STDIN_NOTE)
     client = target.client
-    forwarder = SignalForwarder(client, output=output)
+    forwarder = RelayedSignals(client, output=output, channel=channel)
     feeder = FrameStdin(client, channel) if request.stdin == "open" else None
     listener = threading.Thread(
         target=_listen, args=(channel, forwarder, feeder), daemon=True, name="mux-client"
@@ -110,6 +110,26 @@ def _request(target: Target, message: Message) -> TurnRequest:
     if message.get("stdin") == "open":
         request = request.model_copy(update={"stdin": "open"})
     return request
+
+
+class RelayedSignals(SignalForwarder):
+    """``SignalForwarder``, telling the client when each signal has been dealt with.
+
+    A client that gives up waiting first waits for those (``streaming``'s
+    ``POST_GRACE_S``), so that what it sent reaches the turn and what was said
+    about it reaches the user, as when the turn is run in-process.
+    """
+
+    def __init__(self, client: TargetClient, *, output: FrameOutput, channel: Channel) -> None:
+        super().__init__(client, output=output)
+        self._channel = channel
+
+    def _deliver(self, turn_id: str, name: str, quiet: bool) -> None:
+        try:
+            super()._deliver(turn_id, name, quiet)
+        finally:
+            with contextlib.suppress(OSError, ClientGone):
+                self._channel.send({"t": "signal-done"})
 
 
 def _listen(channel: Channel, forwarder: SignalForwarder, feeder: FrameStdin | None) -> None:
