@@ -74,7 +74,8 @@ def _run(argv: list[str]) -> int:
     as_json = _asks_for_json(argv)
     try:
         _refuse_terminal_options(argv)
-        args = build_parser(_subcommand(argv)).parse_args(argv)
+        # "": no subcommand given (--version, --help), so no subcommand's options are needed.
+        args = build_parser(_subcommand(argv) or "").parse_args(argv)
         _refuse_glued_terminal_options(argv, args)
     except UsageError as exc:
         return report_failure(exc, as_json=as_json)

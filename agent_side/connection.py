@@ -190,11 +190,12 @@ def open_target(
     args: argparse.Namespace, environ: Mapping[str, str], connection: Connection
 ) -> Target:
     """The target ``connection`` describes: through SSH for --ssh or a stored SSH route."""
-    from agent_side.route import route_of
+    from agent_side.route import SSH, route_of
 
-    return route_of(args, connection).open(
-        token=connection.token, role=connection.role, passphrase=ssh_passphrase(environ)
-    )
+    route = route_of(args, connection)
+    # Only an SSH route has keys to unlock (and only it needs paramiko loaded).
+    passphrase = ssh_passphrase(environ) if route.kind == SSH else None
+    return route.open(token=connection.token, role=connection.role, passphrase=passphrase)
 
 
 def ssh_passphrase(environ: Mapping[str, str]) -> PassphraseSource:

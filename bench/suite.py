@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from bench import latency, memory, resume, throughput
-from bench.common import MIB, machine_facts
+from bench.common import MIB, machine_facts, mux_runtime
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = [name for name in SECTIONS if not args.only or name in args.only]
     _print_facts(sizes)
     began = time.monotonic()
+    with mux_runtime():
+        failed = _run_sections(chosen, sizes)
+    print(f"\ntotal {time.monotonic() - began:.0f} s; load after: {_load()}")
+    return 1 if failed else 0
+
+
+def _run_sections(chosen: list[str], sizes: Sizes) -> int:
     failed = 0
     for name in chosen:
         started = time.monotonic()
@@ -92,8 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             failed += 1
             table = f"{name}: FAILED: {type(exc).__name__}: {exc}"
         print(f"\n{table}\n({name}: {time.monotonic() - started:.1f} s)", flush=True)
-    print(f"\ntotal {time.monotonic() - began:.0f} s; load after: {_load()}")
-    return 1 if failed else 0
+    return failed
 
 
 def _sizes(quick: bool, full: bool) -> Sizes:

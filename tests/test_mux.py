@@ -78,6 +78,25 @@ class Mux:
     def daemons(self) -> list[int]:
         return mux_daemons(self.runtime)
 
+    def ready(self, **env: str) -> int:
+        """The pid of the daemon the last run started, once it answers (``paddock mux status``)."""
+        found: list[int] = []
+
+        def answers() -> bool:
+            status = self.paddock("mux", "status", "--json", **env)
+            records = [json.loads(line) for line in status.stdout.splitlines()]
+            found[:] = [r["pid"] for r in records if r.get("t") == "status"]
+            return len(found) == 1
+
+        assert wait_until(answers, timeout=30), "no multiplexer came up"
+        return found[0]
+
+    def warm(self, **env: str) -> int:
+        """Run once (in-process, starting the daemon), then wait for it: later runs use it."""
+        first = self.paddock("run", "--", "true", **env)
+        assert first.returncode in (0, 125), first.stderr
+        return self.ready(**env)
+
     def sockets(self) -> list[Path]:
         if not self.directory.exists():
             return []
@@ -85,7 +104,7 @@ class Mux:
 
     def socket_path(self) -> Path:
         """The socket a run against the target uses: learnt from a run, its daemon then stopped."""
-        self.paddock("run", "--", "true")
+        self.warm()
         (path,) = self.sockets()
         assert self.paddock("mux", "stop").returncode == 0
         assert wait_until(lambda: not self.daemons())
@@ -106,38 +125,40 @@ def mux(target: Target) -> Iterator[Mux]:
 # -- started on first use, reused, replaced, bypassed, stopped, idle ---------------------
 
 
-def test_mux_is_started_by_the_first_run_and_reused_by_the_next(mux: Mux) -> None:
-    first = mux.paddock("run", "--", "echo", "one")
+def test_mux_is_started_by_the_first_run_and_serves_the_next(mux: Mux) -> None:
+    first = mux.paddock("run", "--", "echo", "one")  # in-process, starting the daemon
     assert (first.returncode, first.stdout, first.stderr) == (0, b"one\n", b"")
-    (daemon,) = mux.daemons()
+    daemon = mux.ready()
     (sock,) = mux.sockets()
     assert sock.stat().st_mode & 0o777 == 0o600
     assert mux.directory.stat().st_mode & 0o777 == 0o700
-    second = mux.paddock("run", "--", "echo", "two")
-    assert (second.returncode, second.stdout) == (0, b"two\n")
+    for n in range(2):
+        again = mux.paddock("run", "--", "echo", str(n))
+        assert (again.returncode, again.stdout, again.stderr) == (0, f"{n}\n".encode(), b"")
     assert mux.daemons() == [daemon]
     status = mux.paddock("mux", "status", "--json")
     (record,) = [json.loads(line) for line in status.stdout.splitlines()]
     assert record["pid"] == daemon
     assert record["route"] == mux.target.url
-    assert record["targets"] == 1
+    assert record["targets"] == 1  # it opened the target: the runs went through it
 
 
-def test_mux_killed_daemon_is_replaced_on_the_next_run(mux: Mux) -> None:
-    assert mux.paddock("run", "--", "true").returncode == 0
-    (killed,) = mux.daemons()
+def test_mux_killed_daemon_is_replaced(mux: Mux) -> None:
+    killed = mux.warm()
     os.kill(killed, signal.SIGKILL)
     assert wait_until(lambda: not mux.daemons())
     assert len(mux.sockets()) == 1  # left behind by the dead daemon
     result = mux.paddock("run", "--", "echo", "again")
     assert (result.returncode, result.stdout, result.stderr) == (0, b"again\n", b"")
-    (replacement,) = mux.daemons()
+    replacement = mux.ready()
     assert replacement != killed
+    through = mux.paddock("run", "--", "echo", "through")
+    assert (through.returncode, through.stdout) == (0, b"through\n")
+    assert mux.daemons() == [replacement]
 
 
 def test_mux_second_daemon_for_the_same_target_leaves_at_once(mux: Mux) -> None:
-    assert mux.paddock("run", "--", "true").returncode == 0
-    (daemon,) = mux.daemons()
+    daemon = mux.warm()
     (sock,) = mux.sockets()
     name = sock.name.removesuffix(".sock")
     serve = [*CLI, "mux", "serve", "--dir", str(mux.directory), name]
@@ -156,21 +177,21 @@ def test_mux_no_mux_runs_in_process(mux: Mux, how: list[str]) -> None:
 
 
 def test_mux_stop_ends_it_and_the_next_run_starts_another(mux: Mux) -> None:
-    assert mux.paddock("run", "--", "true").returncode == 0
-    (first,) = mux.daemons()
+    first = mux.warm()
     stopped = mux.paddock("mux", "stop")
     assert stopped.returncode == 0
     assert f"stopped (pid {first})" in stopped.stdout.decode()
     assert wait_until(lambda: not mux.daemons())
     assert mux.sockets() == []
-    assert mux.paddock("run", "--", "true").returncode == 0
-    (second,) = mux.daemons()
-    assert second != first
+    assert mux.warm() != first
 
 
 def test_mux_leaves_when_idle(mux: Mux) -> None:
     result = mux.paddock("run", "--mux-persist", "1", "--", "echo", "brief")
     assert (result.returncode, result.stdout) == (0, b"brief\n")
+    mux.ready()
+    through = mux.paddock("run", "--mux-persist", "1", "--", "echo", "through")
+    assert (through.returncode, through.stdout) == (0, b"through\n")
     assert wait_until(lambda: not mux.daemons(), timeout=20)
     assert mux.sockets() == []
 
@@ -200,13 +221,11 @@ def test_mux_persist_from_the_environment_must_be_a_duration(mux: Mux) -> None:
     ids=["status", "binary", "refused", "net", "not-found", "timeout", "bad-role", "usage"],
 )
 def test_mux_run_matches_a_run_without_it(mux: Mux, args: list[str]) -> None:
+    mux.warm()
     direct = mux.paddock("run", "--no-mux", *args)
     muxed = mux.paddock("run", *args)
-    assert (muxed.returncode, muxed.stdout, muxed.stderr) == (
-        direct.returncode,
-        direct.stdout,
-        direct.stderr,
-    )
+    seen = (muxed.returncode, muxed.stdout, muxed.stderr)
+    assert seen == (direct.returncode, direct.stdout, direct.stderr), (seen, direct)
 
 
 @pytest.mark.parametrize(
@@ -220,6 +239,7 @@ def test_mux_run_matches_a_run_without_it(mux: Mux, args: list[str]) -> None:
 )
 def test_mux_paddock_failures_match_a_run_without_it(mux: Mux, env: dict[str, str]) -> None:
     flags = ["--json"] if env.pop("JSON", None) else []
+    mux.warm(**env)
     direct = mux.paddock("run", *flags, "--no-mux", "--", "true", **env)
     muxed = mux.paddock("run", *flags, "--", "true", **env)
     assert muxed.returncode == direct.returncode == 125
@@ -233,6 +253,7 @@ def test_mux_json_events_match_a_run_without_it(mux: Mux) -> None:
         return [(r.get("kind"), r.get("data"), r.get("state"), r.get("exit_code")) for r in records]
 
     command = ["--json", "--", "sh", "-c", "echo a; echo b >&2; exit 3"]
+    mux.warm()
     direct = mux.paddock("run", "--no-mux", *command)
     muxed = mux.paddock("run", *command)
     assert muxed.returncode == direct.returncode == 3
@@ -241,6 +262,7 @@ def test_mux_json_events_match_a_run_without_it(mux: Mux) -> None:
 
 
 def test_mux_forwards_piped_stdin(mux: Mux) -> None:
+    mux.warm()
     data = b"".join(b"line %d\n" % i for i in range(50000))
     result = mux.paddock("run", "--", "sh", "-c", "wc -l; echo done", input=data)
     assert (result.returncode, result.stdout.split()) == (0, [b"50000", b"done"])
@@ -253,6 +275,7 @@ def test_mux_forwards_piped_stdin(mux: Mux) -> None:
 
 @contextlib.contextmanager
 def sleeping(mux: Mux, marker: str, *args: str) -> Iterator[subprocess.Popen[bytes]]:
+    mux.warm()
     with mux.popen("run", *args, "--", "sh", "-c", f"echo ready; exec sleep {marker}") as proc:
         assert proc.stdout is not None
         assert proc.stdout.readline() == b"ready\n"
@@ -301,6 +324,7 @@ def test_mux_third_ctrl_c_stops_waiting_for_a_stuck_multiplexer(mux: Mux) -> Non
 
 def test_mux_run_into_a_closed_pipe_stops_the_turn_and_ends_quietly(mux: Mux) -> None:
     marker = "322.875"
+    mux.warm()
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:
@@ -319,15 +343,34 @@ def test_mux_run_into_a_closed_pipe_stops_the_turn_and_ends_quietly(mux: Mux) ->
     assert len(mux.daemons()) == 1
 
 
+class DroppingProxy(CuttingProxy):
+    """``CuttingProxy`` that can also drop every connection it carries, idle ones included."""
+
+    def __init__(self, upstream_port: int, seed: int) -> None:
+        self._clients: list[socket.socket] = []
+        super().__init__(upstream_port, seed, cuts=0)
+
+    def _serve(self, client: socket.socket, budget: int | None) -> None:
+        self._clients.append(client)
+        super()._serve(client, budget)
+
+    def drop_all(self) -> None:
+        for client in self._clients:
+            with contextlib.suppress(OSError):
+                client.shutdown(socket.SHUT_RDWR)
+
+
 def test_mux_resumes_through_dropped_connections(mux: Mux) -> None:
     count = 1_000_000
     expected = subprocess.run(["seq", str(count)], capture_output=True, check=True).stdout
-    port = int(mux.target.url.rsplit(":", 1)[1])
-    proxy = CuttingProxy(port, seed=20261130, cuts=4)
+    proxy = DroppingProxy(int(mux.target.url.rsplit(":", 1)[1]), seed=20261130)
+    via = {"PADDOCK_TARGET": f"https://127.0.0.1:{proxy.port}"}
     try:
-        result = mux.paddock(
-            "run", "--", "seq", str(count), PADDOCK_TARGET=f"https://127.0.0.1:{proxy.port}"
-        )
+        mux.warm(**via)
+        assert mux.paddock("run", "--", "true", **via).returncode == 0
+        proxy.drop_all()  # the daemon's pooled connection dies with the others
+        proxy.cuts_left = 4  # and the next four are cut mid-stream
+        result = mux.paddock("run", "--", "seq", str(count), **via)
     finally:
         proxy.close()
     assert result.returncode == 0, result.stderr
@@ -337,8 +380,8 @@ def test_mux_resumes_through_dropped_connections(mux: Mux) -> None:
 
 
 def test_mux_keeps_the_token_out_of_its_command_line_environment_and_log(mux: Mux) -> None:
+    daemon = mux.warm()
     assert mux.paddock("run", "--", "true").returncode == 0
-    (daemon,) = mux.daemons()
     token = BUILDER_TOKEN.encode()
     assert token not in Path(f"/proc/{daemon}/cmdline").read_bytes()
     assert token not in Path(f"/proc/{daemon}/environ").read_bytes()
@@ -451,7 +494,7 @@ def test_mux_refuses_a_directory_others_could_write(mux: Mux, unsafe: str) -> No
 
 
 def test_mux_daemon_serves_no_other_user(mux: Mux) -> None:
-    assert mux.paddock("run", "--", "true").returncode == 0
+    mux.warm()
     (sock,) = mux.sockets()
     # Opened up by hand (as only root could): the daemon still checks who connects.
     for directory in (mux.runtime, mux.directory):

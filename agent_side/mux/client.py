@@ -51,8 +51,8 @@ from agent_side.stdio import (
 )
 from agent_side.views import say
 
-START_TIMEOUT_S = 20.0
-"""How long a new daemon may take to listen (it binds before loading anything heavy)."""
+FAILED_MARK = b"paddock mux: failed"
+"""What a daemon that could not start leaves in its log."""
 STDIN_CHUNK = 64 * 1024
 STDIN_WINDOW = 4
 """Stdin chunks in flight before the daemon acknowledges one: bounds what it buffers."""
@@ -67,8 +67,12 @@ def wanted(args: argparse.Namespace, environ: Mapping[str, str]) -> bool:
 
 
 def run(args: argparse.Namespace, environ: Mapping[str, str]) -> int | None:
-    """Run the turn through the multiplexer; None when none could be used (nothing was sent).
+    """Run the turn through the multiplexer; None to run it in this process instead.
 
+    None when no multiplexer serves this target yet: one is started for the
+    runs to come, and this run goes on in-process at once rather than wait
+    for it to load (as the first ``ssh`` with ControlMaster=auto does its own
+    work). None too when none can be used; nothing was sent to one then.
     A socket or directory that could be someone else's raises ``MuxUnsafe``:
     that is refused, not worked around.
     """
@@ -102,7 +106,11 @@ def run(args: argparse.Namespace, environ: Mapping[str, str]) -> int | None:
     }
     try:
         with MuxDir.open(default_dir(environ)) as mux_dir:
-            channel = _accepted(mux_dir, daemon_name(identity), request, environ)
+            name = daemon_name(identity)
+            channel = _accepted(mux_dir, name, request)
+            if channel is None:
+                _start_for_next_time(mux_dir, name, request["persist"], environ)
+                return None
     except MuxUnavailable as exc:
         say(f"note: {exc}; running without the multiplexer (--no-mux skips this)")
         return None
@@ -118,25 +126,21 @@ def daemon_name(identity: Mapping[str, object]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def _accepted(mux_dir: MuxDir, name: str, request: Message, environ: Mapping[str, str]) -> Channel:
-    """A connection to the daemon for ``name`` that has accepted ``request``.
+def _accepted(mux_dir: MuxDir, name: str, request: Message) -> Channel | None:
+    """A connection to the daemon for ``name`` that has accepted ``request``; None if none.
 
     A daemon that closes the connection before accepting (it was leaving,
-    idle) has done nothing with it: the request goes to a new one.
+    idle) has done nothing with it: that counts as none.
     """
-    for _attempt in range(3):
+    for _attempt in range(2):
         sock = connect(mux_dir, name)
         if sock is None:
-            starter = start_daemon(mux_dir, name, environ)
-            try:
-                sock = _wait_for(mux_dir, name)
-            finally:
-                os.waitpid(starter, 0)  # it left as soon as the daemon forked off
+            return None
         channel = Channel(sock)
         try:
             channel.send(request)
             reply = channel.receive()
-        except (ConnectionError, OSError):
+        except OSError:
             reply = None
         if reply is not None:
             message, _ = reply
@@ -145,7 +149,7 @@ def _accepted(mux_dir: MuxDir, name: str, request: Message, environ: Mapping[str
             channel.close()
             raise _error_of(message)
         channel.close()
-    raise MuxUnavailable(f"the multiplexer at {mux_dir.shown(name)} keeps closing connections")
+    return None
 
 
 def connect(mux_dir: MuxDir, name: str) -> socket.socket | None:
@@ -171,7 +175,7 @@ def connect(mux_dir: MuxDir, name: str) -> socket.socket | None:
     return sock
 
 
-def start_daemon(mux_dir: MuxDir, name: str, environ: Mapping[str, str]) -> int:
+def start_daemon(mux_dir: MuxDir, name: str, persist: float, environ: Mapping[str, str]) -> int:
     """Start ``paddock mux serve NAME`` in a session of its own; returns the pid to reap.
 
     That process forks at once and leaves (``--detach``), so the daemon is
@@ -180,7 +184,7 @@ def start_daemon(mux_dir: MuxDir, name: str, environ: Mapping[str, str]) -> int:
     passphrase reach it over the socket, per request, and nowhere else.
     """
     argv = [sys.executable, "-m", "agent_side.cli", "mux", "serve", "--detach"]
-    argv += ["--dir", mux_dir.path, name]
+    argv += ["--persist", f"{persist:g}", "--dir", mux_dir.path, name]
     env = {k: v for k, v in environ.items() if not k.startswith("PADDOCK_")}
     log = mux_dir.open_file(name, ".log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     try:
@@ -201,19 +205,22 @@ def start_daemon(mux_dir: MuxDir, name: str, environ: Mapping[str, str]) -> int:
         os.close(log)
 
 
-def _wait_for(mux_dir: MuxDir, name: str) -> socket.socket:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    delay = 0.002
-    while time.monotonic() < deadline:
-        sock = connect(mux_dir, name)
-        if sock is not None:
-            return sock
-        time.sleep(delay)
-        delay = min(delay * 2, 0.05)
-    raise MuxUnavailable(
-        f"the multiplexer did not start within {START_TIMEOUT_S:g} s "
-        f"(its log: {mux_dir.shown(name, '.log')})"
-    )
+def _start_for_next_time(
+    mux_dir: MuxDir, name: str, persist: float, environ: Mapping[str, str]
+) -> None:
+    """Start the daemon and leave it to load; say so if the last one could not start."""
+    info = mux_dir.lstat(name, ".log")
+    if info is not None and 0 < info.st_size <= 1 << 20:
+        log = mux_dir.open_file(name, ".log", os.O_RDONLY)
+        with os.fdopen(log, "rb") as text:
+            if FAILED_MARK in text.read():
+                say(
+                    f"note: the multiplexer for this target failed last time (its log: "
+                    f"{mux_dir.shown(name, '.log')}); starting it again"
+                )
+    starter = start_daemon(mux_dir, name, persist, environ)
+    # Reaped at once: the process forks the daemon off and leaves.
+    threading.Thread(target=os.waitpid, args=(starter, 0), daemon=True).start()
 
 
 def _can_prompt() -> bool:

@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 
 ACCEPT_POLL_S = 0.5
 """How often the accept loop looks at the idle clock and for a stop."""
+LOCK_WAIT_S = 15.0
+"""How long a new daemon waits for one that is leaving to let go of NAME."""
 
 
 def serve(
@@ -59,12 +61,19 @@ def serve(
     if detach and os.fork() > 0:
         os._exit(0)
     os.chdir("/")  # hold no directory of whoever started us
+    try:
+        return _serve(directory, name, persist)
+    except BaseException as exc:
+        # The next paddock run reads this line and says the start failed.
+        _log("failed:\n" + "".join(traceback.format_exception(exc)))
+        raise
+
+
+def _serve(directory: str, name: str, persist: float) -> int:
     mux_dir = MuxDir.open(directory)
     lock = mux_dir.open_file(name, ".lock", os.O_RDWR | os.O_CREAT)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return 0  # another daemon serves NAME (or is starting to): this one is not needed
+    if not _take_lock(lock, mux_dir, name):
+        return 0  # another daemon serves NAME: this one is not needed
     listener = _bind(mux_dir, name)
     _log(f"serving {mux_dir.shown(name)} (pid {os.getpid()})")
     # Loaded after binding: a client waiting to connect need not wait for these too.
@@ -80,6 +89,33 @@ def serve(
         daemon.close()
         os.close(lock)
     return 0
+
+
+def _take_lock(lock: int, mux_dir: MuxDir, name: str) -> bool:
+    """Hold NAME's lock; False if another daemon holds it and answers on NAME's socket.
+
+    A holder that does not answer is leaving (stopped, or idle): it has let go
+    of the socket and will let go of the lock within moments, so it is waited for.
+    """
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            pass
+        if _answers(mux_dir, name) or time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+
+
+def _answers(mux_dir: MuxDir, name: str) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as probe:
+        try:
+            probe.connect(mux_dir.address(name))
+        except OSError:
+            return False
+    return True
 
 
 def _bind(mux_dir: MuxDir, name: str) -> socket.socket:
