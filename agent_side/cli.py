@@ -2,17 +2,23 @@
 
     paddock run [--target URL] [--token-file F] [--cacert F] [--role R] [-w DIR]
                 [-e K=V | -e NAME ...] [--env-file F ...] [--write P ...] [--read P ...]
-                [--net] [--timeout S] [--json] [--no-stdin]
+                [--net] [--timeout S] [--json] [--no-stdin] [--no-mux] [--mux-persist DUR]
                 [--local | --ssh USER@HOST[:PORT] [-i KEY] [--known-hosts F] | -t NAME]
                 -- CMD...
     paddock plan    (as run; runs nothing)
     paddock logs TURN [--follow]     paddock turns [--limit N]     paddock kill TURN
     paddock health                   paddock deploy USER@HOST[:PORT] ...
+    paddock mux status|stop
 
 The jobs live in their own modules: ``connection`` (where the target, token,
 CA and role come from, and opening the target), ``request_options`` (the turn
 asked for), ``streaming`` (output, signals and stdin while a turn runs),
-``commands`` (each command's handler) and ``deploy_command``.
+``commands`` (each command's handler), ``deploy_command`` and ``mux`` (the
+local multiplexer ``paddock run`` hands its turn to, when one serves the target).
+
+This module and what ``paddock run`` needs before it reaches a multiplexer
+import only the standard library and paddock's light modules: httpx, the wire
+models (pydantic), paramiko and asyncio load only where a command uses them.
 
 Exit statuses follow DESIGN.md: the command's own 0..123, 124 timed out, 125
 paddock itself failed (a ``paddock: LABEL: ...`` line on stderr and, with

@@ -137,6 +137,33 @@ def mux_runtime() -> Iterator[Path]:
                 os.environ["XDG_RUNTIME_DIR"] = saved
 
 
+def warm_mux(env: dict[str, str], options: Sequence[str] = ()) -> None:
+    """Start the multiplexer for the target ``env`` and ``options`` name, and wait until it serves.
+
+    The first ``paddock run`` runs in-process and starts it; the daemon then
+    loads, and answers ``paddock mux status`` once it is ready.
+    """
+    run = [PYTHON, "-m", "agent_side.cli", "run", *options, "--", "true"]
+    subprocess.run(run, env=env, capture_output=True, check=True)
+    wait_for_mux(env, options)
+    # One more run, through it: the daemon opens the target (TLS, SSH) now.
+    subprocess.run(run, env=env, capture_output=True, check=True)
+
+
+def wait_for_mux(env: dict[str, str], options: Sequence[str] = ()) -> None:
+    """Wait until the multiplexer for the target ``env`` and ``options`` name answers."""
+    # Asked about this target only: another one's multiplexer may be up already.
+    which = list(options) if "--ssh" in options else ["--target", env["PADDOCK_TARGET"]]
+    status = [PYTHON, "-m", "agent_side.cli", "mux", "status", "--json", *which]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        answer = subprocess.run(status, env=env, capture_output=True, check=False)
+        if b'"t": "status"' in answer.stdout:
+            return
+        time.sleep(0.05)
+    raise RuntimeError("the multiplexer did not come up within 30 s")
+
+
 def mux_pids(runtime: Path) -> list[int]:
     """Pids of the live ``paddock mux serve`` processes whose sockets are under ``runtime``."""
     wanted = f"{runtime}/paddock-mux".encode()

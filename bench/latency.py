@@ -31,6 +31,8 @@ from bench.common import (
     render_table,
     run_quiet,
     turn_end,
+    wait_for_mux,
+    warm_mux,
     with_failures,
 )
 from bench.sshd import LocalSsh, control_master, local_sshd, port_forward, ssh_missing
@@ -117,6 +119,8 @@ class Row:
     slow: bool = False
     prepare: Callable[[], object] | None = None
     """Run before each attempt, untimed (stopping the multiplexer for a cold start)."""
+    settle: Callable[[], object] | None = None
+    """Run after each attempt, untimed (waiting for the multiplexer it started)."""
     values: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     """How each turn that did not exit 0 ended; its sample is dropped."""
@@ -133,7 +137,10 @@ class Row:
         except TurnFailed as exc:
             self.failures.append(f"{self.name}: {exc}")
             return None
-        return time.perf_counter() - started
+        took = time.perf_counter() - started
+        if self.settle is not None:
+            self.settle()
+        return took
 
 
 @dataclass
@@ -182,8 +189,9 @@ def run(runs: int, slow_runs: int) -> str:
                 [],
                 "mux stopped before each",
                 prepare=lambda: _stop_mux(separate),
+                settle=lambda: _warm_again(separate),
             ),
-            _cli_row(CLI_WARM, separate, [], "mux started beforehand", slow=False),
+            _cli_row(CLI_WARM, separate, [], "mux started beforehand", slow=False, warm=True),
             *_ssh_rows(stack, separate),
         ]
         _measure(rows, runs, max(1, round(runs / slow_runs)))
@@ -277,10 +285,17 @@ def _cli_row(
     *,
     slow: bool = True,
     prepare: Callable[[], object] | None = None,
+    settle: Callable[[], object] | None = None,
+    warm: bool = False,
 ) -> Row:
-    """``python -m agent_side.cli run OPTIONS -- true`` as a whole process, stdin /dev/null."""
+    """``python -m agent_side.cli run OPTIONS -- true`` as a whole process, stdin /dev/null.
+
+    ``warm``: its multiplexer is started, and waited for, before the row is measured.
+    """
     argv = [PYTHON, "-m", "agent_side.cli", "run", *options, "--", "true"]
     env = target.cli_env()
+    if warm:
+        warm_mux(env, options)
 
     def one() -> None:
         done = subprocess.run(
@@ -290,7 +305,15 @@ def _cli_row(
             said = done.stderr.decode(errors="replace").strip()[-STDERR_SHOWN:]
             raise TurnFailed(f"paddock run exited {done.returncode}; its stderr: {said!r}")
 
-    return Row(name, one, note, slow=slow, prepare=prepare)
+    return Row(name, one, note, slow=slow, prepare=prepare, settle=settle)
+
+
+def _warm_again(target: TargetInfo) -> None:
+    """After a run that started the multiplexer: wait for it and open the target through it."""
+    env = target.cli_env()
+    wait_for_mux(env)
+    argv = [PYTHON, "-m", "agent_side.cli", "run", "--", "true"]
+    subprocess.run(argv, cwd=REPO, env=env, capture_output=True, check=True)
 
 
 def _stop_mux(target: TargetInfo) -> None:
@@ -322,7 +345,7 @@ def _ssh_rows(stack: contextlib.ExitStack, target: TargetInfo) -> list[Row]:
     tunnel_plain = stack.enter_context(plain.tunnel(ssh))
     via = ssh.paddock_options(target.url)
     tunnel = _cli_row(CLI_SSH, target, ["--no-mux", *via], "in-process paramiko connection")
-    warm_tunnel = _cli_row(CLI_SSH_WARM, target, via, "mux's SSH connection", slow=False)
+    warm_tunnel = _cli_row(CLI_SSH_WARM, target, via, "mux's SSH connection", slow=False, warm=True)
     return [
         Row(SSH_FRESH, lambda: run_quiet(ssh.argv(["true"])), slow=True),
         Row(

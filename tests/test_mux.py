@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from conftest import BUILDER_TOKEN, Target, mux_daemons, processes_with, stop_muxes, wait_until
+from test_cli_imports import loaded_by
 from test_resume import CuttingProxy
 
 CLI = [sys.executable, "-m", "agent_side.cli"]
@@ -377,6 +378,12 @@ def test_mux_resumes_through_dropped_connections(mux: Mux) -> None:
     assert hashlib.sha256(result.stdout).hexdigest() == hashlib.sha256(expected).hexdigest()
     assert proxy.cuts_left == 0, "the proxy never cut the stream: the test proved nothing"
     assert len(mux.daemons()) == 1
+
+
+def test_mux_run_loads_nothing_heavy(mux: Mux) -> None:
+    mux.warm()
+    status, heavy = loaded_by(["run", "--no-stdin", "--", "echo", "light"], mux.env())
+    assert (status, heavy) == (0, [])
 
 
 def test_mux_keeps_the_token_out_of_its_command_line_environment_and_log(mux: Mux) -> None:
