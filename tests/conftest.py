@@ -164,7 +164,10 @@ def running_target(root: Path, ca: trustme.CA, **role_overrides: object) -> Iter
     ca_file = root / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_file))
     with ServerThread(settings) as server:
-        yield Target(server.url, str(ca_file), settings, root / "ws")
+        try:
+            yield Target(server.url, str(ca_file), settings, root / "ws")
+        finally:
+            stop_session_muxes()
 
 
 MUX_PERSIST_IN_TESTS = "20s"
@@ -192,6 +195,17 @@ def mux_runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def stop_session_muxes() -> None:
+    """Stop the session's multiplexers: before a target stops, as its clients leave first.
+
+    They keep connections open to the targets they served (over SSH too); a
+    server stopped under them would leave those connections to the collector.
+    """
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        stop_muxes(Path(runtime))
 
 
 def mux_daemons(runtime: Path) -> list[int]:

@@ -22,7 +22,13 @@ from pathlib import Path
 
 import pytest
 import trustme
-from conftest import BUILDER_TOKEN, make_settings, processes_with, wait_until
+from conftest import (
+    BUILDER_TOKEN,
+    make_settings,
+    processes_with,
+    stop_session_muxes,
+    wait_until,
+)
 from conftest import Target as TlsTarget
 from sshd import CLIENT_PASSPHRASE, SSHD, Sshd, free_port, keygen
 
@@ -70,7 +76,10 @@ def listener(tmp_path_factory: pytest.TempPathFactory, ca: trustme.CA) -> Iterat
     settings = make_settings(root, ca)
     plain = settings.server.model_copy(update={"tls_cert": None, "tls_key": None})
     with ServerThread(settings.model_copy(update={"server": plain})) as server:
-        yield Listener(server.url, root / "ws")
+        try:
+            yield Listener(server.url, root / "ws")
+        finally:
+            stop_session_muxes()
 
 
 @pytest.fixture(autouse=True)

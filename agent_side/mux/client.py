@@ -38,7 +38,7 @@ from agent_side.mux.paths import (
 )
 from agent_side.mux.settings import NO_MUX_VARIABLE, persist_seconds
 from agent_side.request_options import request_options
-from agent_side.route import route_of
+from agent_side.route import Route, route_of
 from agent_side.stdio import (
     BROKEN_PIPE,
     INTERRUPTED,
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str]) -> int | None:
     options = request_options(args, environ, None)
     connection = resolve_connection(args, environ)
     route = route_of(args, connection).absolute()
-    identity = route.identity(environ)
+    identity = mux_identity(route, environ)
     forward = not args.no_stdin
     stdin_open = forward and stdin_fd() is not None
     request: Message = {
@@ -115,6 +115,17 @@ def run(args: argparse.Namespace, environ: Mapping[str, str]) -> int | None:
         say(f"note: {exc}; running without the multiplexer (--no-mux skips this)")
         return None
     return Session(channel, stdin_open=stdin_open).relay()
+
+
+def mux_identity(route: Route, environ: Mapping[str, str]) -> dict[str, object]:
+    """The route's identity, and which paddock serves it.
+
+    A paddock installed anew (its package directory rewritten) gets daemons
+    of its own: one still running the old code is left to leave when idle.
+    """
+    package = os.path.dirname(os.path.abspath(errors.__file__))
+    code = f"{sys.executable}:{package}:{os.stat(package).st_mtime_ns}"
+    return {**route.identity(environ), "paddock": code, "protocol": PROTOCOL}
 
 
 def daemon_name(identity: Mapping[str, object]) -> str:

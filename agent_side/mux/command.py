@@ -111,7 +111,7 @@ def stop_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 def _ask_each(
     args: argparse.Namespace, environ: Mapping[str, str], op: str
 ) -> list[tuple[str, dict[str, object]]]:
-    from agent_side.mux.client import connect, daemon_name
+    from agent_side.mux.client import connect, daemon_name, mux_identity
     from agent_side.mux.frames import PROTOCOL, Channel
     from agent_side.mux.paths import MuxDir, default_dir
 
@@ -121,7 +121,7 @@ def _ask_each(
         from agent_side.route import route_of
 
         connection = resolve_connection(args, environ, need_token=False)
-        names = [daemon_name(route_of(args, connection).absolute().identity(environ))]
+        names = [daemon_name(mux_identity(route_of(args, connection).absolute(), environ))]
     answers = []
     with MuxDir.open(default_dir(environ)) as mux_dir:
         for name in names if names is not None else mux_dir.names():
