@@ -26,6 +26,9 @@ from conftest import BUILDER_TOKEN, Target, mux_daemons, processes_with, stop_mu
 from test_cli_imports import loaded_by
 from test_resume import CuttingProxy
 
+from agent_side import targets_file
+from agent_side.targets_file import StoredTarget
+
 CLI = [sys.executable, "-m", "agent_side.cli"]
 REPO = Path(__file__).resolve().parent.parent
 NOBODY = 65534
@@ -378,6 +381,35 @@ def test_mux_resumes_through_dropped_connections(mux: Mux) -> None:
     assert hashlib.sha256(result.stdout).hexdigest() == hashlib.sha256(expected).hexdigest()
     assert proxy.cuts_left == 0, "the proxy never cut the stream: the test proved nothing"
     assert len(mux.daemons()) == 1
+
+
+def test_mux_serves_a_stored_target(mux: Mux) -> None:
+    config = mux.runtime / "config"
+    stored = StoredTarget(
+        name="session-target",
+        route="https",
+        url=mux.target.url,
+        ca_sha256=targets_file.fingerprint(Path(mux.target.cacert).read_text()),
+        default_role="builder",
+    )
+    environ = {"XDG_CONFIG_HOME": str(config)}
+    ca_pem = Path(mux.target.cacert).read_text()
+    targets_file.save(stored, tokens={"builder": BUILDER_TOKEN}, ca_pem=ca_pem, environ=environ)
+    # Nothing but the stored target: no PADDOCK_TARGET, PADDOCK_TOKEN or PADDOCK_CACERT.
+    env = {k: v for k, v in mux.env().items() if not k.startswith("PADDOCK_")} | environ
+    command = [*CLI, "run", "-t", "session-target", "--", "echo", "stored"]
+
+    def run() -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            command, env=env, capture_output=True, timeout=60, stdin=subprocess.DEVNULL
+        )
+
+    assert run().stdout == b"stored\n"
+    mux.ready()
+    through = run()
+    assert (through.returncode, through.stdout, through.stderr) == (0, b"stored\n", b"")
+    status = mux.paddock("mux", "status", "--json")
+    assert json.loads(status.stdout)["targets"] == 1
 
 
 def test_mux_run_loads_nothing_heavy(mux: Mux) -> None:
