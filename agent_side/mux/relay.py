@@ -19,7 +19,7 @@ from agent_side.errors import AgentError, UsageError
 from agent_side.mux.frames import Channel, Message
 from agent_side.request_options import RequestOptions
 from agent_side.stdio import TERMINAL_STDIN_NOTE
-from agent_side.streaming import SignalForwarder, Sink
+from agent_side.streaming import POST_GRACE_S, SignalForwarder, Sink
 from agent_side.turns import drive
 from agent_side.views import refusal_sentence
 from shared.wire import TurnRequest
@@ -76,7 +76,10 @@ def relay_turn(target: Target, channel: Channel, message: Message) -> None:
 
     sink = Sink(as_json=bool(message.get("json")), output=output)
     try:
-        finished = drive(client, request, sink.event, on_submitted=submitted)
+        try:
+            finished = drive(client, request, sink.event, on_submitted=submitted)
+        finally:
+            forwarder.settle()  # as leaving installed() does in-process: before what follows
         final = finished.turn
         if final.refusal is not None and not sink.refusal_shown:
             output.say(refusal_sentence(final.refusal))
@@ -130,6 +133,11 @@ class RelayedSignals(SignalForwarder):
         finally:
             with contextlib.suppress(OSError, ClientGone):
                 self._channel.send({"t": "signal-done"})
+
+    def settle(self) -> None:
+        """Wait for the signals being posted, as leaving ``installed()`` does in-process."""
+        for thread in list(self._posting):
+            thread.join(POST_GRACE_S)
 
 
 def _listen(channel: Channel, forwarder: SignalForwarder, feeder: FrameStdin | None) -> None:
