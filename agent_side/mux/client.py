@@ -22,7 +22,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import FrameType
 
 from agent_side import errors
@@ -66,13 +66,14 @@ def wanted(args: argparse.Namespace, environ: Mapping[str, str]) -> bool:
     return environ.get(NO_MUX_VARIABLE, "") in ("", "0")
 
 
-def run(args: argparse.Namespace, environ: Mapping[str, str]) -> int | None:
-    """Run the turn through the multiplexer; None to run it in this process instead.
+def run(args: argparse.Namespace, environ: Mapping[str, str], in_process: Callable[[], int]) -> int:
+    """Run the turn through the multiplexer, or with ``in_process`` when none serves it yet.
 
-    None when no multiplexer serves this target yet: one is started for the
-    runs to come, and this run goes on in-process at once rather than wait
-    for it to load (as the first ``ssh`` with ControlMaster=auto does its own
-    work). None too when none can be used; nothing was sent to one then.
+    When none serves this target yet, the turn runs in-process at once
+    (rather than wait for a daemon to load, as the first ``ssh`` with
+    ControlMaster=auto does its own work), and a daemon is started after it,
+    for the runs to come, so that it does not compete with this one. When
+    none can be used at all, the turn runs in-process with a note saying why.
     A socket or directory that could be someone else's raises ``MuxUnsafe``:
     that is refused, not worked around.
     """
@@ -105,16 +106,26 @@ def run(args: argparse.Namespace, environ: Mapping[str, str]) -> int | None:
         "json": bool(args.json),
     }
     try:
-        with MuxDir.open(default_dir(environ)) as mux_dir:
-            name = daemon_name(identity)
-            channel = _accepted(mux_dir, name, request)
-            if channel is None:
-                _start_for_next_time(mux_dir, name, request["persist"], environ)
-                return None
+        mux_dir = MuxDir.open(default_dir(environ))
     except MuxUnavailable as exc:
-        say(f"note: {exc}; running without the multiplexer (--no-mux skips this)")
-        return None
+        return _without(exc, in_process)
+    with mux_dir:
+        name = daemon_name(identity)
+        channel = _accepted(mux_dir, name, request)
+        if channel is None:
+            status = in_process()
+            # Only after a run that reached the target: a daemon would not serve a failing one.
+            try:
+                _start_for_next_time(mux_dir, name, request["persist"], environ)
+            except MuxUnavailable as exc:
+                say(f"note: {exc}")
+            return status
     return Session(channel, stdin_open=stdin_open).relay()
+
+
+def _without(exc: MuxUnavailable, in_process: Callable[[], int]) -> int:
+    say(f"note: {exc}; running without the multiplexer (--no-mux skips this)")
+    return in_process()
 
 
 def mux_identity(route: Route, environ: Mapping[str, str]) -> dict[str, object]:

@@ -39,13 +39,14 @@ def run_handler(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     """``paddock run``: through the multiplexer when wanted and possible, else in-process."""
     from agent_side.mux import client
 
-    if client.wanted(args, environ):
-        status = client.run(args, environ)
-        if status is not None:
-            return status
-    from agent_side.commands import run_command
+    def in_process() -> int:
+        from agent_side.commands import run_command
 
-    return run_command(args, environ)
+        return run_command(args, environ)
+
+    if client.wanted(args, environ):
+        return client.run(args, environ, in_process)
+    return in_process()
 
 
 def add_mux_parser(
