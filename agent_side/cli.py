@@ -110,9 +110,37 @@ def report_failure(exc: AgentError, *, as_json: bool) -> int:
 class CommandParser(argparse.ArgumentParser):
     """argparse, with usage errors raised as ``UsageError`` (exit 125, not argparse's 2)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         # argparse would exit 2, which belongs to the command; paddock's own failures are 125.
         raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+class _Formatter(argparse.HelpFormatter):
+    """argparse's, told the terminal's width.
+
+    Left to find it, argparse asks ``shutil`` on every ``add_argument`` (to
+    check a metavar), and importing ``shutil`` (with bz2 and lzma) costs a
+    fast ``paddock run`` several milliseconds. The width is found the same way.
+    """
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, width=_terminal_columns() - 2)
+
+
+def _terminal_columns() -> int:
+    """``COLUMNS``, else the terminal's width, else 80, as ``shutil.get_terminal_size`` says."""
+    with contextlib.suppress(ValueError):
+        columns = int(os.environ.get("COLUMNS", "0"))
+        if columns > 0:
+            return columns
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80
+    except (AttributeError, ValueError, OSError):
+        return 80
 
 
 def build_parser(command: str | None = None) -> CommandParser:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent_side.connection import ssh_passphrase
@@ -24,6 +23,8 @@ def add_deploy_parser(
         commands.add_parser("deploy", help=HELP)
         return
     # Loaded only for deploy: the protocol module brings ssl and pathlib with it.
+    from pathlib import Path
+
     from paddock_deploy.protocol import PASSED_OPTIONS
 
     deploy = commands.add_parser(
