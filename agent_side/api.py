@@ -35,8 +35,6 @@ keeps resume, idempotent submission and exit statuses identical in both.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import contextlib
 import functools
 import ssl
@@ -50,9 +48,9 @@ import httpx
 
 from agent_side.client import DEFAULT_TIMEOUT, TargetClient, pinned_tls_context, tls_context
 from agent_side.cursors import Cursor, CursorStore
+from agent_side.defaults import DEFAULT_SSH_TARGET, REMOTE_CA
 from agent_side.errors import AgentError, UsageError
 from agent_side.turns import Finished, drive, follow_turn, new_request, output_bytes, sole_role
-from paddock_deploy.protocol import CA_FILE
 from shared.net import is_loopback
 from shared.wire import Event, Health, OutputEvent, Refusal, Turn, TurnRequest
 
@@ -60,11 +58,6 @@ if TYPE_CHECKING:
     # paramiko is imported only when an SSH target is opened: it adds about a
     # third of a second to the start of every paddock command that never uses it.
     from agent_side.ssh import PassphraseSource, SshConnection, SshTimeouts
-
-DEFAULT_SSH_TARGET = "https://127.0.0.1:8443"
-"""The target's listener as seen from the SSH server: where ``paddock deploy`` puts it."""
-REMOTE_CA = CA_FILE
-"""Where ``paddock deploy`` leaves the CA of the certificate it makes (``--config-dir``/tls)."""
 
 CANCEL_WAIT_S = 60.0
 """How long a cancelled run waits for its submission's answer, to know which turn to kill."""
@@ -316,6 +309,10 @@ class AsyncTarget:
     """
 
     def __init__(self, opener: Callable[[], Target], *, max_concurrent_turns: int = 16) -> None:
+        # asyncio and its executors are loaded only by code that uses them: the
+        # ``paddock`` command imports this module and never does.
+        import concurrent.futures
+
         self._opener = opener
         self._target: Target | None = None
         # Its own threads: asyncio's default executor has only cpu_count + 4 of them.
@@ -380,6 +377,8 @@ class AsyncTarget:
         self, request: TurnRequest, *, on_event: Callable[[Event], None] | None = None
     ) -> RunResult:
         """Like ``Target.run_request``, awaited; cancelling it kills the turn."""
+        import asyncio
+
         target = self.target
         submission = _Submission()
         work = self._pool.submit(
@@ -410,6 +409,8 @@ class AsyncTarget:
         await self.aclose()
 
     async def _call(self, function: Callable[..., _T], *args: object) -> _T:
+        import asyncio
+
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, functools.partial(function, *args))
 

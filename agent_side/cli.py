@@ -2,19 +2,26 @@
 
     paddock run [--target URL] [--token-file F] [--cacert F] [--role R] [-w DIR]
                 [-e K=V | -e NAME ...] [--env-file F ...] [--write P ...] [--read P ...]
-                [--net] [--timeout S] [--json] [--no-stdin]
+                [--net] [--timeout S] [--json] [--no-stdin] [--no-mux] [--mux-persist DUR]
                 [--local | --ssh USER@HOST[:PORT] [-i KEY] [--known-hosts F] | -t NAME]
                 -- CMD...
     paddock plan    (as run; runs nothing)
     paddock logs TURN [--follow [--from-start]]     paddock attach TURN [--from-start]
     paddock turns [--limit N]        paddock kill TURN               paddock health
     paddock status [NAME ...]        paddock deploy USER@HOST[:PORT] ... | --inventory F
+    paddock mux status|stop
 
 The jobs live in their own modules: ``connection`` (where the target, token,
 CA and role come from, and opening the target), ``request_options`` (the turn
 asked for), ``streaming`` (output, signals and stdin while a turn runs),
 ``commands`` (each command's handler), ``cursors`` (what each turn delivered,
-for ``logs --follow`` and ``attach``), ``status`` and ``deploy_command``.
+for ``logs --follow`` and ``attach``), ``status``, ``deploy_command`` and
+``mux`` (the local multiplexer ``paddock run`` hands its turn to, when one
+serves the target).
+
+This module and what ``paddock run`` needs before it reaches a multiplexer
+import only the standard library and paddock's light modules: httpx, the wire
+models (pydantic), paramiko and asyncio load only where a command uses them.
 
 Exit statuses (docs/cli.md): the command's own 0..123, 124 timed out, 125
 paddock itself failed (a ``paddock: LABEL: ...`` line on stderr and, with
@@ -25,19 +32,20 @@ killed by signal N (141 when whoever read our stdout went away).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
-from collections.abc import Sequence
-from typing import NoReturn
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NoReturn
 
-from agent_side import commands
-from agent_side.api import DEFAULT_SSH_TARGET, REMOTE_CA
+from agent_side.defaults import DEFAULT_SSH_TARGET, REMOTE_CA
 from agent_side.deploy_command import add_deploy_parser
 from agent_side.errors import AgentError, UsageError
-from agent_side.streaming import BROKEN_PIPE, INTERRUPTED, StopWaiting, silence_stdout
+from agent_side.mux.command import add_mux_parser, add_run_options, run_handler
+from agent_side.stdio import BROKEN_PIPE, INTERRUPTED, StopWaiting, silence_stdout
 from agent_side.views import say
-from shared import __version__
 from shared.exit_status import ExitStatus
 
 
@@ -53,11 +61,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         return BROKEN_PIPE
 
 
+def program() -> NoReturn:
+    """The ``paddock`` executable: ``main()``, then leave at once with its status.
+
+    Tearing the interpreter down module by module costs ~10 ms after a run
+    through the multiplexer (far more with httpx loaded) and does nothing a
+    finished command needs: its output is flushed here, every connection and
+    temporary file was closed by the ``with`` blocks that made them, and only
+    daemon threads may still exist. Embedders call ``main()`` instead.
+    """
+    status = main()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    if any(not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        sys.exit(status)  # a thread that must finish: let the interpreter wait for it
+    os._exit(status)
+
+
 def _run(argv: list[str]) -> int:
     as_json = _asks_for_json(argv)
     try:
         _refuse_terminal_options(argv)
-        args = build_parser().parse_args(argv)
+        # "": no subcommand given (--version, --help), so no subcommand's options are needed.
+        args = build_parser(_subcommand(argv) or "").parse_args(argv)
         _refuse_glued_terminal_options(argv, args)
     except UsageError as exc:
         return report_failure(exc, as_json=as_json)
@@ -86,17 +113,49 @@ def report_failure(exc: AgentError, *, as_json: bool) -> int:
 class CommandParser(argparse.ArgumentParser):
     """argparse, with usage errors raised as ``UsageError`` (exit 125, not argparse's 2)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         # argparse would exit 2, which belongs to the command; paddock's own failures are 125.
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
-def build_parser() -> CommandParser:
-    """The whole command line; each subcommand's ``handler`` is in ``commands``."""
+class _Formatter(argparse.HelpFormatter):
+    """argparse's, told the terminal's width.
+
+    Left to find it, argparse asks ``shutil`` on every ``add_argument`` (to
+    check a metavar), and importing ``shutil`` (with bz2 and lzma) costs a
+    fast ``paddock run`` several milliseconds. The width is found the same way.
+    """
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, width=_terminal_columns() - 2)
+
+
+def _terminal_columns() -> int:
+    """``COLUMNS``, else the terminal's width, else 80, as ``shutil.get_terminal_size`` says."""
+    with contextlib.suppress(ValueError):
+        columns = int(os.environ.get("COLUMNS", "0"))
+        if columns > 0:
+            return columns
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
+def build_parser(command: str | None = None) -> CommandParser:
+    """The whole command line; each subcommand's ``handler`` is in ``commands``.
+
+    ``command``: the subcommand being run, when known; the others are then
+    registered by name only where their options would cost imports (deploy).
+    """
     parser = CommandParser(
         prog="paddock", description="Run a command as a fenced turn on a target."
     )
-    parser.add_argument("--version", action="version", version=f"paddock {__version__}")
+    parser.add_argument("--version", action=_Version, help="show the version and exit")
     subcommands = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
 
     run = subcommands.add_parser("run", help="run one command as a turn and stream its output")
@@ -108,15 +167,16 @@ def build_parser() -> CommandParser:
         action="store_true",
         help="do not forward this command's stdin (forwarded when it is a pipe or a file)",
     )
+    add_run_options(run)
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD...")
-    run.set_defaults(handler=commands.run_command)
+    run.set_defaults(handler=run_handler)
 
     plan = subcommands.add_parser("plan", help="show the fence a command would get; run nothing")
     _add_target_options(plan)
     _add_request_options(plan)
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD...")
-    plan.set_defaults(handler=commands.plan_command)
+    plan.set_defaults(handler=_command("plan_command"))
 
     logs = subcommands.add_parser("logs", help="print a turn's output (--follow: until it ends)")
     _add_target_options(logs)
@@ -131,7 +191,7 @@ def build_parser() -> CommandParser:
     )
     _add_from_start_option(logs)
     logs.add_argument("--json", action="store_true", help="print events as JSON lines")
-    logs.set_defaults(handler=commands.logs_command)
+    logs.set_defaults(handler=_command("logs_command"))
 
     attach = subcommands.add_parser(
         "attach",
@@ -142,14 +202,14 @@ def build_parser() -> CommandParser:
     attach.add_argument("turn_id", metavar="TURN")
     _add_from_start_option(attach)
     attach.add_argument("--json", action="store_true", help="print events and the turn as JSON")
-    attach.set_defaults(handler=commands.attach_command)
+    attach.set_defaults(handler=_command("attach_command"))
 
     turns = subcommands.add_parser("turns", help="list recent turns of this token's roles")
     _add_target_options(turns)
     _add_token_option(turns)
     turns.add_argument("--limit", type=int, default=20, metavar="N", help="how many (default 20)")
     turns.add_argument("--json", action="store_true", help="print the turns as JSON lines")
-    turns.set_defaults(handler=commands.turns_command)
+    turns.set_defaults(handler=_command("turns_command"))
 
     kill = subcommands.add_parser("kill", help="kill a running turn (every process of it)")
     _add_target_options(kill)
@@ -163,12 +223,12 @@ def build_parser() -> CommandParser:
         help="the signal to send (default KILL)",
     )
     kill.add_argument("--json", action="store_true", help="print the turn as JSON")
-    kill.set_defaults(handler=commands.kill_command)
+    kill.set_defaults(handler=_command("kill_command"))
 
     health = subcommands.add_parser("health", help="print the target's health (exit 1: degraded)")
     _add_target_options(health)
     health.add_argument("--json", action="store_true", help="JSON (the only format it has)")
-    health.set_defaults(handler=commands.health_command)
+    health.set_defaults(handler=_command("health_command"))
 
     status = subcommands.add_parser(
         "status",
@@ -184,10 +244,45 @@ def build_parser() -> CommandParser:
         help="seconds to wait for each target (default 10)",
     )
     status.add_argument("--json", action="store_true", help="one JSON object")
-    status.set_defaults(handler=commands.status_command)
+    status.set_defaults(handler=_command("status_command"))
 
-    add_deploy_parser(subcommands)
+    add_deploy_parser(subcommands, options=command in (None, "deploy"))
+    add_mux_parser(subcommands, _add_target_options)
     return parser
+
+
+Handler = Callable[[argparse.Namespace, Mapping[str, str]], int]
+
+
+def _command(name: str) -> Handler:
+    """``commands.NAME``, imported when it runs: the commands load httpx and the wire models."""
+
+    def handler(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+        from agent_side import commands
+
+        function: Handler = getattr(commands, name)
+        return function(args, environ)
+
+    return handler
+
+
+class _Version(argparse.Action):
+    """``--version``: the version is looked up only when asked for (it costs ~30 ms)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> NoReturn:
+        from shared import __version__
+
+        print(f"paddock {__version__}", flush=True)
+        parser.exit()
 
 
 def _add_target_options(parser: argparse.ArgumentParser) -> None:
@@ -312,10 +407,15 @@ def _refuse_glued_terminal_options(argv: Sequence[str], args: argparse.Namespace
         raise UsageError(f"{glued[0]}: {_NO_TERMINAL}")
 
 
+def _subcommand(argv: Sequence[str]) -> str | None:
+    """The first word that is not an option: the subcommand, if the line is well formed."""
+    return next((word for word in _options_part(argv) if not word.startswith("-")), None)
+
+
 def _asks_for_json(argv: Sequence[str]) -> bool:
     """Whether ``--json`` is among paddock's own options, before parsing has succeeded."""
     return "--json" in _options_part(argv)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    program()

@@ -19,28 +19,38 @@ import argparse
 import contextlib
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
-from agent_side.api import DEFAULT_SSH_TARGET, REMOTE_CA, Target
+from agent_side.defaults import DEFAULT_SSH_TARGET
 from agent_side.errors import UsageError
 
 if TYPE_CHECKING:
+    # Loaded when a target is opened: resolving where it is needs neither httpx nor pydantic.
+    from agent_side.api import Target
     from agent_side.ssh import PassphraseSource
     from agent_side.targets_file import StoredTarget
 
 
-@dataclass(frozen=True)
-class Connection:
-    """Where the target is and how to prove who we are to it."""
+class Connection(NamedTuple):
+    """Where the target is and how to prove who we are to it.
+
+    A NamedTuple, not a dataclass: ``dataclasses`` (through ``inspect``) would
+    cost a fast ``paddock run`` a tenth of its start.
+    """
 
     url: str
-    token: str | None = field(repr=False)
+    token: str | None
     cacert: str | None
     stored: StoredTarget | None = None
     """The stored target ``-t NAME`` named, if it did."""
     role: str | None = None
     """The role named (flag, variable or stored); None: the only one the token holds."""
+
+    def __repr__(self) -> str:  # never the token
+        return (
+            f"Connection(url={self.url!r}, cacert={self.cacert!r}, "
+            f"stored={self.stored!r}, role={self.role!r})"
+        )
 
 
 @contextlib.contextmanager
@@ -49,6 +59,7 @@ def opened_target(
 ) -> Iterator[Target]:
     """The target the command line names, open for the block: --local, -t, --ssh or --target."""
     if getattr(args, "local", False):
+        from agent_side.api import Target
         from agent_side.local import LOCAL_ROLE, local_target
 
         refuse_with_local(args, LOCAL_ROLE)
@@ -179,35 +190,12 @@ def open_target(
     args: argparse.Namespace, environ: Mapping[str, str], connection: Connection
 ) -> Target:
     """The target ``connection`` describes: through SSH for --ssh or a stored SSH route."""
-    stored = connection.stored
-    if stored is not None and stored.route == "ssh" and stored.ssh is not None:
-        return Target.ssh(
-            stored.ssh,
-            token=connection.token,
-            url=connection.url,
-            cacert=connection.cacert,
-            # The CA was pinned when it was deployed; never trade it for another.
-            remote_cacert=None,
-            role=connection.role,
-            identity_files=args.identity or stored.identity_files,
-            known_hosts=args.known_hosts or stored.known_hosts,
-            passphrase=ssh_passphrase(environ),
-        )
-    if not getattr(args, "ssh", None):
-        return Target.https(
-            connection.url, token=connection.token, cacert=connection.cacert, role=connection.role
-        )
-    return Target.ssh(
-        args.ssh,
-        token=connection.token,
-        url=connection.url,
-        cacert=connection.cacert,
-        remote_cacert=args.remote_cacert or REMOTE_CA,
-        role=connection.role,
-        identity_files=args.identity,
-        known_hosts=args.known_hosts,
-        passphrase=ssh_passphrase(environ),
-    )
+    from agent_side.route import SSH, route_of
+
+    route = route_of(args, connection)
+    # Only an SSH route has keys to unlock (and only it needs paramiko loaded).
+    passphrase = ssh_passphrase(environ) if route.kind == SSH else None
+    return route.open(token=connection.token, role=connection.role, passphrase=passphrase)
 
 
 def ssh_passphrase(environ: Mapping[str, str]) -> PassphraseSource:

@@ -5,21 +5,32 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent_side.connection import ssh_passphrase
 from agent_side.errors import UsageError
-from paddock_deploy.protocol import PASSED_OPTIONS
 
 if TYPE_CHECKING:
     from agent_side.cli import CommandParser
 
+HELP = "install or upgrade targets over SSH, and store each for -t NAME"
 
-def add_deploy_parser(commands: argparse._SubParsersAction[CommandParser]) -> None:
+
+def add_deploy_parser(
+    commands: argparse._SubParsersAction[CommandParser], *, options: bool = True
+) -> None:
+    """``paddock deploy``; with ``options`` False only its name and help (another command runs)."""
+    if not options:
+        commands.add_parser("deploy", help=HELP)
+        return
+    # Loaded only for deploy: the protocol module brings ssl and pathlib with it.
+    from pathlib import Path
+
+    from paddock_deploy.protocol import PASSED_OPTIONS
+
     deploy = commands.add_parser(
         "deploy",
-        help="install or upgrade targets over SSH, and store each for -t NAME",
+        help=HELP,
         description="Upload this paddock and its deploy script over SSH, run it as root, "
         "and store the target (route, tokens, pinned CA) under NAME for 'paddock run -t NAME'. "
         "Several hosts (or --inventory) are deployed side by side, with a summary at the end.",
@@ -114,6 +125,8 @@ def deploy_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 def given_options(args: argparse.Namespace) -> dict[str, object]:
     """The per-host options given on the command line, by their inventory key."""
+    from paddock_deploy.protocol import PASSED_OPTIONS
+
     given: dict[str, object] = {
         "role": args.role,
         "identity": args.identity,

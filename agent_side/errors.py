@@ -26,12 +26,16 @@ dropped connection retries it; the host-key and auth failures are never retried.
 
 from __future__ import annotations
 
-import ssl
-from typing import ClassVar
-
-import httpx
+from typing import TYPE_CHECKING, ClassVar
 
 from shared.errors import PaddockError
+
+if TYPE_CHECKING:
+    # Imported where they are used: ``paddock run`` through the multiplexer never maps
+    # an httpx failure, and importing httpx and ssl would cost it most of its start.
+    import ssl
+
+    import httpx
 
 
 class AgentError(PaddockError):
@@ -161,6 +165,8 @@ def map_transport_error(exc: httpx.HTTPError, url: str) -> AgentError:
     A transport that already knew what went wrong (the SSH tunnel raises
     ``httpcore.ConnectError`` from a ``HostKeyChanged``, say) is believed.
     """
+    import httpx
+
     known = _agent_cause(exc)
     if known is not None:
         # A fresh instance: re-raising the original from ``exc`` would loop its cause chain.
@@ -190,6 +196,8 @@ def map_transport_error(exc: httpx.HTTPError, url: str) -> AgentError:
 
 def ssl_cause(exc: BaseException) -> ssl.SSLError | None:
     """The ``ssl.SSLError`` somewhere in ``exc``'s cause chain (httpx wraps it twice)."""
+    import ssl
+
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
@@ -217,6 +225,8 @@ def _agent_cause(exc: BaseException) -> AgentError | None:
 
 
 def _ssl_reason(exc: ssl.SSLError) -> str:
+    import ssl
+
     # The attributes are filled in only when OpenSSL raised the error itself.
     verify_message = getattr(exc, "verify_message", None)
     if isinstance(exc, ssl.SSLCertVerificationError) and verify_message:

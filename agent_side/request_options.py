@@ -11,27 +11,42 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, NamedTuple
 
 from agent_side.errors import UsageError
-from agent_side.turns import new_request
-from shared.wire import TurnRequest
+
+if TYPE_CHECKING:
+    from shared.wire import TurnRequest
 
 
-@dataclass(frozen=True)
-class RequestOptions:
-    """Everything of a TurnRequest but the role, which may take asking the target."""
+class RequestOptions(NamedTuple):
+    """Everything of a TurnRequest but the role, which may take asking the target.
+
+    A NamedTuple, not a dataclass, for the same reason as ``connection.Connection``.
+    """
 
     argv: tuple[str, ...]
     cwd: str | None = None
-    env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    env: Mapping[str, str] = MappingProxyType({})
     read: tuple[str, ...] = ()
     write: tuple[str, ...] = ()
     network: bool = False
     wall_s: float | None = None
 
+    def __repr__(self) -> str:  # the names of the variables, never their values
+        return (
+            f"RequestOptions(argv={self.argv!r}, cwd={self.cwd!r}, env={sorted(self.env)!r}, "
+            f"read={self.read!r}, write={self.write!r}, network={self.network!r}, "
+            f"wall_s={self.wall_s!r})"
+        )
+
     def request(self, role: str) -> TurnRequest:
         """The TurnRequest for ``role``; what the contract rejects is a ``UsageError``."""
+        # The wire models (pydantic) are loaded only here: a run through the
+        # multiplexer hands these options over and never builds a request itself.
+        from agent_side.turns import new_request
+
         return new_request(
             role=role,
             argv=self.argv,

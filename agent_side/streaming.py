@@ -20,29 +20,28 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import TextIO
+from typing import Protocol
 
 from agent_side.client import TargetClient
 from agent_side.cursors import Cursor, CursorStore
 from agent_side.errors import AgentError
+from agent_side.stdio import (
+    BROKEN_PIPE,
+    INTERRUPTED,
+    TERMINAL_STDIN_NOTE,
+    TERMINATED,
+    StopWaiting,
+    silence_stdout,
+    stdin_fd,
+    stdin_is_terminal,
+    write,
+)
 from agent_side.turns import drive, output_bytes
 from agent_side.views import refusal_sentence, say
-from shared.exit_status import for_signal
 from shared.wire import Event, OutputEvent, Turn, TurnRequest
 
-INTERRUPTED = for_signal(signal.SIGINT)
-TERMINATED = for_signal(signal.SIGTERM)
-BROKEN_PIPE = for_signal(signal.SIGPIPE)
 POST_GRACE_S = 5.0
 """How long leaving ``paddock run`` waits for a signal still being posted to the turn."""
-
-
-class StopWaiting(KeyboardInterrupt):
-    """The user gave up waiting for the turn (a third Ctrl-C, a second TERM)."""
-
-    def __init__(self, status: int) -> None:
-        super().__init__(status)
-        self.status = status
 
 
 def run_turn(
@@ -88,28 +87,34 @@ def with_stdin(request: TurnRequest, *, forward: bool) -> TurnRequest:
         return request
     if stdin_fd() is not None:
         return request.model_copy(update={"stdin": "open"})
-    if _stdin_is_terminal():
-        say(
-            "note: stdin is a terminal, which is not forwarded (the turn's stdin is closed); "
-            "pipe input in, or give --no-stdin to skip this note"
-        )
+    if stdin_is_terminal():
+        say(TERMINAL_STDIN_NOTE)
     return request
 
 
-def stdin_fd() -> int | None:
-    """Our stdin's descriptor if it is something to forward: open, and not a terminal."""
-    try:
-        fd = sys.stdin.fileno()
-    except (AttributeError, OSError, ValueError):
-        return None
-    return None if os.isatty(fd) else fd
+class Output(Protocol):
+    """Where a turn's output and paddock's own lines go: this process's, or a relay's."""
+
+    def stdout(self, data: bytes) -> None:
+        """Raises ``BrokenPipeError`` when nobody reads on."""
+
+    def stderr(self, data: bytes) -> None: ...
+
+    def say(self, message: str) -> None:
+        """One ``paddock: ...`` line for a person."""
 
 
-def _stdin_is_terminal() -> bool:
-    try:
-        return os.isatty(sys.stdin.fileno())
-    except (AttributeError, OSError, ValueError):
-        return False
+class LocalOutput:
+    """This process's stdout and stderr."""
+
+    def stdout(self, data: bytes) -> None:
+        write(sys.stdout, data)
+
+    def stderr(self, data: bytes) -> None:
+        write(sys.stderr, data)
+
+    def say(self, message: str) -> None:
+        say(message)
 
 
 class Sink:
@@ -125,9 +130,11 @@ class Sink:
         as_json: bool,
         on_broken_pipe: Callable[[], None] = lambda: None,
         cursor: Cursor | None = None,
+        output: Output | None = None,
     ) -> None:
         self._as_json = as_json
         self._on_broken_pipe = on_broken_pipe
+        self._output = output or LocalOutput()
         self.pipe_broken = False
         """Whoever read our stdout has gone; nothing more is written there."""
         self.refusal_shown = False
@@ -141,13 +148,14 @@ class Sink:
             self.cursor.close()
 
     def event(self, event: Event) -> None:
-        self._show(event)
+        self.show(event)
         if self.cursor is not None and not self.pipe_broken:
             self.cursor.delivered(event.seq)
 
-    def _show(self, event: Event) -> None:
+    def show(self, event: Event) -> None:
+        """Write ``event`` out, recording nothing (a relay records what its client confirms)."""
         if event.kind == "refused":
-            say(refusal_sentence(event.refusal))
+            self._output.say(refusal_sentence(event.refusal))
             self.refusal_shown = True
         if self._as_json:
             self._stdout((event.model_dump_json() + "\n").encode())
@@ -155,9 +163,9 @@ class Sink:
             if event.kind == "stdout":
                 self._stdout(output_bytes(event))
             else:
-                write(sys.stderr, output_bytes(event))
+                self._output.stderr(output_bytes(event))
         elif event.kind == "notice":
-            say(f"notice: {event.message}")
+            self._output.say(f"notice: {event.message}")
 
     def turn(self, turn: Turn) -> None:
         if self._as_json:
@@ -167,27 +175,12 @@ class Sink:
         if self.pipe_broken:
             return
         try:
-            write(sys.stdout, data)
+            self._output.stdout(data)
         except BrokenPipeError:
             # Like SIGPIPE for a local pipeline: nobody reads on, so stop the producer.
             self.pipe_broken = True
             silence_stdout()
             self._on_broken_pipe()
-
-
-def write(stream: TextIO, data: bytes) -> None:
-    """Write ``data`` to ``stream`` at once, after whatever text it already holds."""
-    stream.flush()
-    stream.buffer.write(data)
-    stream.buffer.flush()
-
-
-def silence_stdout() -> None:
-    """Point fd 1 at /dev/null, so that nothing trips on the dead pipe at exit."""
-    with contextlib.suppress(OSError, ValueError):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
 
 
 class SignalForwarder:
@@ -199,8 +192,9 @@ class SignalForwarder:
     helper thread does the HTTP request and the talking.
     """
 
-    def __init__(self, client: TargetClient) -> None:
+    def __init__(self, client: TargetClient, *, output: Output | None = None) -> None:
         self._client = client
+        self._output = output or LocalOutput()
         self._turn_id: str | None = None
         self._pending: list[tuple[str, bool]] = []
         self._presses = 0
@@ -260,14 +254,14 @@ class SignalForwarder:
             self._client.signal(turn_id, name)
         except (AgentError, RuntimeError) as exc:
             if not quiet:
-                say(f"could not send {name} to turn {turn_id}: {exc}")
+                self._output.say(f"could not send {name} to turn {turn_id}: {exc}")
             return
         if quiet:
             return
         if name == "INT":
-            say(f"sent INT to turn {turn_id}; Ctrl-C again sends KILL")
+            self._output.say(f"sent INT to turn {turn_id}; Ctrl-C again sends KILL")
         elif name == "KILL":
-            say(f"sent KILL to turn {turn_id}")
+            self._output.say(f"sent KILL to turn {turn_id}")
 
 
 class StdinFeeder:

@@ -8,8 +8,11 @@ drive it (escape sequences, fake lines).
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
-from shared.wire import PlanResult, Refusal, Turn
+if TYPE_CHECKING:
+    # For annotations only: ``say`` is all a fast ``paddock run`` needs from here.
+    from shared.wire import PlanResult, Refusal, Turn
 
 
 def print_plan(result: PlanResult, *, as_json: bool) -> int:

@@ -103,15 +103,95 @@ def run_quiet(argv: Sequence[str], env: dict[str, str] | None = None) -> None:
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    """A small, predictable environment for child processes (nothing PADDOCK_* inherited)."""
+    """A small, predictable environment for child processes (nothing PADDOCK_* inherited).
+
+    ``XDG_RUNTIME_DIR`` is passed on when set, so that the multiplexers
+    ``paddock run`` starts live in ``mux_runtime``'s directory.
+    """
     env = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "HOME": os.environ.get("HOME", "/root"),
         "LANG": "C.UTF-8",
         "PYTHONPATH": str(REPO),
     }
+    if "XDG_RUNTIME_DIR" in os.environ:
+        env["XDG_RUNTIME_DIR"] = os.environ["XDG_RUNTIME_DIR"]
     env.update(extra)
     return env
+
+
+@contextlib.contextmanager
+def mux_runtime() -> Iterator[Path]:
+    """A private ``XDG_RUNTIME_DIR`` for the run: its multiplexers are stopped on leaving."""
+    saved = os.environ.get("XDG_RUNTIME_DIR")
+    with temp_dir("paddock-bench-run-") as runtime:
+        runtime.chmod(0o700)
+        os.environ["XDG_RUNTIME_DIR"] = str(runtime)
+        try:
+            yield runtime
+        finally:
+            stop_muxes(runtime)
+            if saved is None:
+                os.environ.pop("XDG_RUNTIME_DIR", None)
+            else:
+                os.environ["XDG_RUNTIME_DIR"] = saved
+
+
+def warm_mux(env: dict[str, str], options: Sequence[str] = ()) -> None:
+    """Start the multiplexer for the target ``env`` and ``options`` name, and wait until it serves.
+
+    The first ``paddock run`` runs in-process and starts it; the daemon then
+    loads, and answers ``paddock mux status`` once it is ready.
+    """
+    run = [PYTHON, "-m", "agent_side.cli", "run", *options, "--", "true"]
+    subprocess.run(run, env=env, capture_output=True, check=True)
+    wait_for_mux(env, options)
+    # One more run, through it: the daemon opens the target (TLS, SSH) now.
+    subprocess.run(run, env=env, capture_output=True, check=True)
+
+
+def wait_for_mux(env: dict[str, str], options: Sequence[str] = ()) -> None:
+    """Wait until the multiplexer for the target ``env`` and ``options`` name answers."""
+    # Asked about this target only: another one's multiplexer may be up already.
+    which = list(options) if "--ssh" in options else ["--target", env["PADDOCK_TARGET"]]
+    status = [PYTHON, "-m", "agent_side.cli", "mux", "status", "--json", *which]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        answer = subprocess.run(status, env=env, capture_output=True, check=False)
+        if b'"t": "status"' in answer.stdout:
+            return
+        time.sleep(0.05)
+    raise RuntimeError("the multiplexer did not come up within 30 s")
+
+
+def mux_pids(runtime: Path) -> list[int]:
+    """Pids of the live ``paddock mux serve`` processes whose sockets are under ``runtime``."""
+    wanted = f"{runtime}/paddock-mux".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            state = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):
+            continue
+        if b"serve" in cmdline and wanted in cmdline and state != "Z":
+            found.append(int(entry))
+    return found
+
+
+def stop_muxes(runtime: Path, timeout: float = 10.0) -> None:
+    """SIGTERM the multiplexers under ``runtime``; wait for them (SIGKILL after ``timeout``)."""
+    for pid in mux_pids(runtime):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while mux_pids(runtime) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in mux_pids(runtime):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def free_port() -> int:

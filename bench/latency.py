@@ -8,10 +8,13 @@ machine's load during the section touches every row alike.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from agent_side.api import Target
 from agent_side.client import TargetClient
@@ -23,10 +26,13 @@ from bench.common import (
     TurnFailed,
     child_env,
     ms,
+    mux_pids,
     ratio,
     render_table,
     run_quiet,
     turn_end,
+    wait_for_mux,
+    warm_mux,
     with_failures,
 )
 from bench.sshd import LocalSsh, control_master, local_sshd, port_forward, ssh_missing
@@ -78,7 +84,13 @@ FORWARDED = "Target.https .run(true) via ssh -L"
 TUNNEL_CONNECT = "Target.ssh connect + health + close"
 SSH_FRESH = "ssh 127.0.0.1 true, new connection"
 SSH_SHARED = "ssh 127.0.0.1 true, ControlMaster"
-CLI_SSH = "paddock run --ssh -- true (CLI)"
+CLI_COLD = "paddock run -- true, CLI --no-mux"
+CLI_STARTING = "paddock run -- true, CLI starting the mux"
+CLI_WARM = "paddock run -- true, CLI via warm mux"
+CLI_SSH = "paddock run --ssh -- true, CLI --no-mux"
+CLI_SSH_WARM = "paddock run --ssh -- true, CLI via warm mux"
+CLI_ROWS = (CLI_COLD, CLI_STARTING, CLI_WARM, CLI_SSH, CLI_SSH_WARM)
+"""Table 1d: issue 12's whole-process CLI rows, against the process baselines."""
 ISSUE_5_ROWS = (
     API_HTTPS,
     API_PLAIN,
@@ -90,6 +102,7 @@ ISSUE_5_ROWS = (
     SSH_FRESH,
     SSH_SHARED,
     CLI_SSH,
+    CLI_SSH_WARM,
 )
 """Table 1c: issue 5's comparison, the turn over the tunnel against HTTPS and plain ssh."""
 TRUE_REQUEST = TurnRequest(role=ROLE, argv=["true"])
@@ -104,6 +117,10 @@ class Row:
     action: Callable[[], object] | None
     note: str = ""
     slow: bool = False
+    prepare: Callable[[], object] | None = None
+    """Run before each attempt, untimed (stopping the multiplexer for a cold start)."""
+    settle: Callable[[], object] | None = None
+    """Run after each attempt, untimed (waiting for the multiplexer it started)."""
     values: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     """How each turn that did not exit 0 ended; its sample is dropped."""
@@ -112,13 +129,18 @@ class Row:
         """Run the action once: its duration, or None (and a failure noted) if the turn failed."""
         if self.action is None:
             return None
+        if self.prepare is not None:
+            self.prepare()
         started = time.perf_counter()
         try:
             self.action()
         except TurnFailed as exc:
             self.failures.append(f"{self.name}: {exc}")
             return None
-        return time.perf_counter() - started
+        took = time.perf_counter() - started
+        if self.settle is not None:
+            self.settle()
+        return took
 
 
 @dataclass
@@ -160,7 +182,16 @@ def run(runs: int, slow_runs: int) -> str:
             _events_to_end_row(stack.enter_context(separate.client())),
             *_http_floor_rows(separate, stack.enter_context(separate.client())),
             _api_row(API_HTTPS, stack.enter_context(separate.https()), "keyed submit+follow+GET"),
-            _cli_row("paddock run -- true (CLI process)", separate, []),
+            _cli_row(CLI_COLD, separate, ["--no-mux"], "in-process: imports, TLS, turn"),
+            _cli_row(
+                CLI_STARTING,
+                separate,
+                [],
+                "mux stopped before each",
+                prepare=lambda: _stop_mux(separate),
+                settle=lambda: _warm_again(separate),
+            ),
+            _cli_row(CLI_WARM, separate, [], "mux started beforehand", slow=False, warm=True),
             *_ssh_rows(stack, separate),
         ]
         _measure(rows, runs, max(1, round(runs / slow_runs)))
@@ -175,6 +206,7 @@ def run(runs: int, slow_runs: int) -> str:
     tables = [with_failures(_main_table(rows), failures), _split_table(splits, runs)]
     if _p50_of(rows, TUNNEL_PLAIN) is not None:
         tables.append(_tunnel_table(rows))
+    tables.append(_cli_table(rows))
     return "\n\n".join(tables)
 
 
@@ -245,9 +277,25 @@ def _http_floor_rows(target: TargetInfo, client: TargetClient) -> list[Row]:
     ]
 
 
-def _cli_row(name: str, target: TargetInfo, options: list[str]) -> Row:
+def _cli_row(
+    name: str,
+    target: TargetInfo,
+    options: list[str],
+    note: str,
+    *,
+    slow: bool = True,
+    prepare: Callable[[], object] | None = None,
+    settle: Callable[[], object] | None = None,
+    warm: bool = False,
+) -> Row:
+    """``python -m agent_side.cli run OPTIONS -- true`` as a whole process, stdin /dev/null.
+
+    ``warm``: its multiplexer is started, and waited for, before the row is measured.
+    """
     argv = [PYTHON, "-m", "agent_side.cli", "run", *options, "--", "true"]
     env = target.cli_env()
+    if warm:
+        warm_mux(env, options)
 
     def one() -> None:
         done = subprocess.run(
@@ -257,7 +305,26 @@ def _cli_row(name: str, target: TargetInfo, options: list[str]) -> Row:
             said = done.stderr.decode(errors="replace").strip()[-STDERR_SHOWN:]
             raise TurnFailed(f"paddock run exited {done.returncode}; its stderr: {said!r}")
 
-    return Row(name, one, "incl. interpreter start", slow=True)
+    return Row(name, one, note, slow=slow, prepare=prepare, settle=settle)
+
+
+def _warm_again(target: TargetInfo) -> None:
+    """After a run that started the multiplexer: wait for it and open the target through it."""
+    env = target.cli_env()
+    wait_for_mux(env)
+    argv = [PYTHON, "-m", "agent_side.cli", "run", "--", "true"]
+    subprocess.run(argv, cwd=REPO, env=env, capture_output=True, check=True)
+
+
+def _stop_mux(target: TargetInfo) -> None:
+    """``paddock mux stop`` for the target (not the others), and wait until its daemon has gone."""
+    argv = [PYTHON, "-m", "agent_side.cli", "mux", "stop", "--json", "--target", target.url]
+    done = subprocess.run(argv, cwd=REPO, env=target.cli_env(), capture_output=True, check=False)
+    stopped = {json.loads(line)["pid"] for line in done.stdout.splitlines()}
+    runtime = Path(os.environ["XDG_RUNTIME_DIR"])
+    deadline = time.monotonic() + 10
+    while stopped & set(mux_pids(runtime)) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def _ssh_rows(stack: contextlib.ExitStack, target: TargetInfo) -> list[Row]:
@@ -276,8 +343,9 @@ def _ssh_rows(stack: contextlib.ExitStack, target: TargetInfo) -> list[Row]:
     local_port = stack.enter_context(port_forward(ssh, int(plain.url.rsplit(":", 1)[1])))
     forwarded = replace(plain, url=f"http://127.0.0.1:{local_port}")
     tunnel_plain = stack.enter_context(plain.tunnel(ssh))
-    tunnel = _cli_row(CLI_SSH, target, ssh.paddock_options(target.url))
-    tunnel.note = "one paramiko connection"
+    via = ssh.paddock_options(target.url)
+    tunnel = _cli_row(CLI_SSH, target, ["--no-mux", *via], "in-process paramiko connection")
+    warm_tunnel = _cli_row(CLI_SSH_WARM, target, via, "mux's SSH connection", slow=False, warm=True)
     return [
         Row(SSH_FRESH, lambda: run_quiet(ssh.argv(["true"])), slow=True),
         Row(
@@ -298,6 +366,7 @@ def _ssh_rows(stack: contextlib.ExitStack, target: TargetInfo) -> list[Row]:
             slow=True,
         ),
         tunnel,
+        warm_tunnel,
     ]
 
 
@@ -413,6 +482,25 @@ def _tunnel_table(rows: list[Row]) -> str:
         "    to the plain-HTTP listener that the plain tunnel and ssh -L rows reach)"
     )
     return render_table(title, ["row", "n", "p50", "p95", "x https", "x plain"], out)
+
+
+def _cli_table(rows: list[Row]) -> str:
+    """Issue 12's CLI rows: min/median/max, each median over the process baselines' medians."""
+    bases = [_p50_of(rows, name) for name in (SPAWN, BWRAP, SSH_FRESH, SSH_SHARED)]
+    out = []
+    for row in rows:
+        if row.name in CLI_ROWS and row.values:
+            s = Samples(tuple(row.values))
+            ratios = [ratio(s.p50, base) for base in bases]
+            out.append([row.name, str(len(s.values)), ms(min(s.values)), ms(s.p50),
+                        ms(max(s.values)), *ratios])  # fmt: skip
+    title = (
+        "1d. paddock run as a whole process (issue 12; ms, from table 1; the median over the\n"
+        "    medians of bare spawn, bare bwrap, ssh true on a new connection, and over a\n"
+        "    ControlMaster; stdin /dev/null, so each run also closes the turn's stdin)"
+    )
+    headers = ["row", "n", "min", "median", "max", "x spawn", "x bwrap", "x ssh", "x ssh CM"]
+    return render_table(title, headers, out)
 
 
 def _p50_of(rows: list[Row], name: str) -> float | None:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from bench import latency, memory, protect_scan, resume, soak, throughput
-from bench.common import MIB, machine_facts
+from bench.common import MIB, machine_facts, mux_runtime
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = [n for n in SECTIONS if n in named or (not named and n not in ON_REQUEST)]
     _print_facts(sizes)
     began = time.monotonic()
+    with mux_runtime():
+        failed = _run_sections(chosen, sizes)
+    print(f"\ntotal {time.monotonic() - began:.0f} s; load after: {_load()}")
+    return 1 if failed else 0
+
+
+def _run_sections(chosen: list[str], sizes: Sizes) -> int:
     failed = 0
     for name in chosen:
         started = time.monotonic()
@@ -105,8 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             failed += 1
             table = f"{name}: FAILED: {type(exc).__name__}: {exc}"
         print(f"\n{table}\n({name}: {time.monotonic() - started:.1f} s)", flush=True)
-    print(f"\ntotal {time.monotonic() - began:.0f} s; load after: {_load()}")
-    return 1 if failed else 0
+    return failed
 
 
 def _sizes(quick: bool, full: bool) -> Sizes:

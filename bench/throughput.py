@@ -26,6 +26,7 @@ from bench.common import (
     ratio,
     render_table,
     turn_end,
+    warm_mux,
 )
 from bench.sshd import LocalSsh, local_sshd, ssh_missing
 from bench.targets import ROLE, TargetInfo, target_process
@@ -91,10 +92,16 @@ def _paddock_rows(target: TargetInfo, size: int) -> list[Row]:
             f"not UTF-8 -> base64; N/{RANDOM_DIVISOR}",
         ),
         Row(
-            "paddock run CLI: yes | head",
+            "paddock run CLI --no-mux: yes | head",
             rnd,
-            _cli(target, ["sh", "-c", f"yes {PRINTABLE_LINE} | head -c {rnd}"], rnd),
+            _cli(target, ["sh", "-c", f"yes {PRINTABLE_LINE} | head -c {rnd}"], rnd, ["--no-mux"]),
             f"CLI stdout read by a pipe; N/{RANDOM_DIVISOR}",
+        ),
+        Row(
+            "paddock run CLI via mux: yes | head",
+            rnd,
+            _cli(target, ["sh", "-c", f"yes {PRINTABLE_LINE} | head -c {rnd}"], rnd, warm=True),
+            f"through the warm multiplexer; N/{RANDOM_DIVISOR}",
         ),
     ]
 
@@ -110,7 +117,9 @@ def _ssh_rows(target: TargetInfo, size: int) -> list[Row]:
         plain_ssh = _read_all(argv, size)
         through_plain = _tunnel_turn(plain, ssh, size)
         through_tls = _tunnel_turn(target, ssh, size)
-        cli = _cli(target, text, quarter, ssh.paddock_options(target.url))
+        via = ssh.paddock_options(target.url)
+        cli = _cli(target, text, quarter, ["--no-mux", *via])
+        cli_mux = _cli(target, text, quarter, via, warm=True)
         windows = [
             Row(
                 f"tunnel, {window // MIB} MiB window: yes | head",
@@ -136,10 +145,16 @@ def _ssh_rows(target: TargetInfo, size: int) -> list[Row]:
         ),
         *windows,
         Row(
-            "paddock run --ssh CLI: yes | head",
+            "paddock run --ssh CLI --no-mux: yes | head",
             quarter,
             cli,
             f"through one paramiko connection; N/{RANDOM_DIVISOR}",
+        ),
+        Row(
+            "paddock run --ssh CLI via mux: yes | head",
+            quarter,
+            cli_mux,
+            f"the multiplexer's SSH connection; N/{RANDOM_DIVISOR}",
         ),
     ]
 
@@ -213,9 +228,20 @@ def _follow_turn(client: TargetClient, argv: list[str], size: int) -> float:
     return seconds
 
 
-def _cli(target: TargetInfo, argv: list[str], size: int, options: Sequence[str] = ()) -> float:
+def _cli(
+    target: TargetInfo,
+    argv: list[str],
+    size: int,
+    options: Sequence[str] = (),
+    *,
+    warm: bool = False,
+) -> float:
+    """``paddock run``'s stdout rate; ``warm``: a multiplexer started (and waited for) first."""
+    env = target.cli_env()
+    if warm:
+        warm_mux(env, options)
     cli = [PYTHON, "-m", "agent_side.cli", "run", *options, "--", *argv]
-    return _read_all(cli, size, env=target.cli_env(), cwd=REPO)
+    return _read_all(cli, size, env=env, cwd=REPO)
 
 
 def _check(what: str, status: int | None, got: int, size: int) -> None:

@@ -810,6 +810,57 @@ MUTATIONS += (
         "        if False:",
         (LAUNCHER_TESTS + "test_server_sends_nothing_to_a_launcher_that_is_not_root",),
     ),
+    Mutation(
+        "mux-socket-of-another-user-trusted",
+        "agent_side/mux/paths.py",
+        '    if info.st_uid != uid:\n        raise MuxUnsafe(\n            f"{shown} belongs',
+        '    if False:\n        raise MuxUnsafe(\n            f"{shown} belongs',
+        ("tests/test_mux.py::test_mux_refuses_a_socket_owned_by_another_user",),
+    ),
+    Mutation(
+        "mux-socket-open-to-others-trusted",
+        "agent_side/mux/paths.py",
+        '    if info.st_mode & 0o077:\n        raise MuxUnsafe(\n            f"{shown} is open',
+        '    if False:\n        raise MuxUnsafe(\n            f"{shown} is open',
+        ("tests/test_mux.py::test_mux_refuses_a_socket_open_to_others",),
+    ),
+    Mutation(
+        "mux-server-of-another-uid-trusted",
+        "agent_side/mux/paths.py",
+        "    if theirs != uid:",
+        "    if False:",
+        ("tests/test_mux.py::test_mux_refuses_a_socket_served_by_another_user",),
+    ),
+    Mutation(
+        "mux-directory-others-can-write-trusted",
+        "agent_side/mux/paths.py",
+        '    if info.st_mode & 0o077:\n        raise MuxUnsafe(\n            f"{path} is open',
+        '    if False:\n        raise MuxUnsafe(\n            f"{path} is open',
+        ("tests/test_mux.py -k test_mux_refuses_a_directory_others_could_write and mode",),
+    ),
+    Mutation(
+        "mux-directory-of-another-user-trusted",
+        "agent_side/mux/paths.py",
+        '    if info.st_uid != uid:\n        raise MuxUnsafe(\n            f"{path} belongs',
+        '    if False:\n        raise MuxUnsafe(\n            f"{path} belongs',
+        ("tests/test_mux.py -k test_mux_refuses_a_directory_others_could_write and owner",),
+    ),
+    Mutation(
+        "mux-daemon-serves-any-uid",
+        "agent_side/mux/daemon.py",
+        "            if peer_uid(sock) != os.getuid():",
+        "            if False:",
+        ("tests/test_mux.py::test_mux_daemon_serves_no_other_user",),
+    ),
+    Mutation(
+        "mux-daemon-inherits-the-token",
+        "agent_side/mux/client.py",
+        '    env = {k: v for k, v in environ.items() if not k.startswith("PADDOCK_")}',
+        "    env = dict(environ)",
+        (
+            "tests/test_mux.py::test_mux_keeps_the_token_out_of_its_command_line_environment_and_log",
+        ),
+    ),
 )
 
 

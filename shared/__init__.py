@@ -3,9 +3,24 @@
 Nothing here imports ``agent_side`` or ``target_side``.
 """
 
-from importlib.metadata import PackageNotFoundError, version
+from __future__ import annotations
 
-try:
-    __version__ = version("paddock")
-except PackageNotFoundError:  # running from a checkout that was never installed
-    __version__ = "0.0.0+unknown"
+import functools
+
+
+def __getattr__(name: str) -> str:
+    # Looked up on first use: importlib.metadata costs ~30 ms, which every start of
+    # the ``paddock`` command would otherwise pay for a string it rarely prints.
+    if name == "__version__":
+        return _version()
+    raise AttributeError(f"module 'shared' has no attribute {name!r}")
+
+
+@functools.cache
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("paddock")
+    except PackageNotFoundError:  # running from a checkout that was never installed
+        return "0.0.0+unknown"

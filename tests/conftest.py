@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import signal
 import ssl
 import time
 import uuid
@@ -163,7 +165,76 @@ def running_target(root: Path, ca: trustme.CA, **role_overrides: object) -> Iter
     ca_file = root / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_file))
     with ServerThread(settings) as server:
-        yield Target(server.url, str(ca_file), settings, root / "ws")
+        try:
+            yield Target(server.url, str(ca_file), settings, root / "ws")
+        finally:
+            stop_session_muxes()
+
+
+MUX_PERSIST_IN_TESTS = "20s"
+"""Multiplexers started by tests leave soon after their last run; the session stops the rest."""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def mux_runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Every ``paddock run`` of the session keeps its multiplexers here, never in the real HOME.
+
+    ``paddock run`` (in-process or as a subprocess inheriting this environment)
+    starts one per target; they are all stopped when the session ends.
+    """
+    runtime = tmp_path_factory.mktemp("xdg-runtime")
+    runtime.chmod(0o700)
+    saved = {name: os.environ.get(name) for name in ("XDG_RUNTIME_DIR", "PADDOCK_MUX_PERSIST")}
+    os.environ["XDG_RUNTIME_DIR"] = str(runtime)
+    os.environ["PADDOCK_MUX_PERSIST"] = MUX_PERSIST_IN_TESTS
+    try:
+        yield runtime
+    finally:
+        stop_muxes(runtime)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def stop_session_muxes() -> None:
+    """Stop the session's multiplexers: before a target stops, as its clients leave first.
+
+    They keep connections open to the targets they served (over SSH too); a
+    server stopped under them would leave those connections to the collector.
+    """
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        stop_muxes(Path(runtime))
+
+
+def mux_daemons(runtime: Path) -> list[int]:
+    """Pids of the live ``paddock mux serve`` processes whose sockets are under ``runtime``."""
+    wanted = f"{runtime}/paddock-mux".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            state = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):
+            continue
+        if b"serve" in cmdline and wanted in cmdline and state != "Z":
+            found.append(int(entry))
+    return sorted(found)
+
+
+def stop_muxes(runtime: Path) -> None:
+    """SIGTERM every multiplexer under ``runtime`` and wait until they are gone."""
+    for pid in mux_daemons(runtime):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    if not wait_until(lambda: not mux_daemons(runtime), timeout=15):
+        for pid in mux_daemons(runtime):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ Python API (``agent_side.Target``).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -21,7 +22,13 @@ from pathlib import Path
 
 import pytest
 import trustme
-from conftest import BUILDER_TOKEN, make_settings, processes_with, wait_until
+from conftest import (
+    BUILDER_TOKEN,
+    make_settings,
+    processes_with,
+    stop_session_muxes,
+    wait_until,
+)
 from conftest import Target as TlsTarget
 from sshd import CLIENT_PASSPHRASE, SSHD, Sshd, free_port, keygen
 
@@ -69,7 +76,10 @@ def listener(tmp_path_factory: pytest.TempPathFactory, ca: trustme.CA) -> Iterat
     settings = make_settings(root, ca)
     plain = settings.server.model_copy(update={"tls_cert": None, "tls_key": None})
     with ServerThread(settings.model_copy(update={"server": plain})) as server:
-        yield Listener(server.url, root / "ws")
+        try:
+            yield Listener(server.url, root / "ws")
+        finally:
+            stop_session_muxes()
 
 
 @pytest.fixture(autouse=True)
@@ -246,6 +256,55 @@ def test_ssh_cli_ctrl_c_reaches_the_turn_through_the_tunnel(
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 128 + signal.SIGINT
     assert wait_until(lambda: not processes_with("sleep", marker))
+
+
+def mux_ready(home: Path) -> None:
+    """Wait until the multiplexer the last run started (for ``home``'s routes) answers."""
+
+    def answers() -> bool:
+        status = paddock("mux", "status", "--json", home=home)
+        return any(json.loads(line).get("t") == "status" for line in status.stdout.splitlines())
+
+    assert wait_until(answers, timeout=30), "no multiplexer came up"
+
+
+def test_ssh_cli_runs_share_one_connection_through_the_mux(
+    sshd, known_hosts, listener, home
+) -> None:
+    args = via_ssh(sshd, known_hosts, listener)
+    before = sshd.accepted_logins()
+    first = paddock("run", *args, "--", "echo", "first", home=home)  # in-process
+    assert (first.returncode, first.stdout) == (0, b"first\n"), first.stderr
+    mux_ready(home)
+    for n in range(3):
+        result = paddock("run", *args, "--", "echo", str(n), home=home)
+        assert (result.returncode, result.stdout) == (0, f"{n}\n".encode()), result.stderr
+    assert sshd.accepted_logins() - before == 2  # the first run's, and the multiplexer's one
+    direct = paddock("run", "--no-mux", *args, "--", "true", home=home)
+    assert direct.returncode == 0, direct.stderr
+    assert sshd.accepted_logins() - before == 3
+
+
+def test_ssh_cli_mux_reconnects_after_its_connection_is_killed(
+    sshd, known_hosts, listener, home
+) -> None:
+    args = via_ssh(sshd, known_hosts, listener)
+    assert paddock("run", *args, "--", "true", home=home).returncode == 0
+    mux_ready(home)
+    assert paddock("run", *args, "--", "true", home=home).returncode == 0
+    assert sshd.kill_sessions() >= 1  # the multiplexer's connection dies under it
+    result = paddock("run", *args, "--", "echo", "back", home=home)
+    assert (result.returncode, result.stdout) == (0, b"back\n"), result.stderr
+
+
+def test_ssh_cli_mux_passphrase_from_the_environment(sshd, known_hosts, listener, home) -> None:
+    args = via_ssh(sshd, known_hosts, listener, key=sshd.locked_key)
+    secret = {"PADDOCK_SSH_PASSPHRASE": CLIENT_PASSPHRASE}
+    assert paddock("run", *args, "--", "true", home=home, **secret).returncode == 0
+    mux_ready(home)
+    result = paddock("run", *args, "--", "echo", "unlocked", home=home, **secret)
+    assert (result.returncode, result.stdout) == (0, b"unlocked\n"), result.stderr
+    assert CLIENT_PASSPHRASE.encode() not in result.stderr
 
 
 # -- the same turns over an OpenSSH-forwarded port (`ssh -L`) -----------------------------

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-CONFIG_DIR = "/etc/paddock"
-CONFIG_FILE = f"{CONFIG_DIR}/target.toml"
-CA_FILE = f"{CONFIG_DIR}/tls/ca.pem"
+from paddock_deploy.places import CA_FILE, CONFIG_DIR, CONFIG_FILE
+
+__all__ = ["CA_FILE", "CONFIG_DIR", "CONFIG_FILE"]
 
 STEPS = (
     "preflight",

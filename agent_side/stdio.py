@@ -1,0 +1,64 @@
+"""This process's own ends of ``paddock run``: its stdin, a stdout that went away, how it stops.
+
+Standard library only: ``streaming`` (a turn run from this process) and
+``mux.client`` (a turn run by the multiplexer for this process) both use it,
+and the second must start without loading httpx or pydantic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from typing import TextIO
+
+from shared.exit_status import for_signal
+
+INTERRUPTED = for_signal(signal.SIGINT)
+TERMINATED = for_signal(signal.SIGTERM)
+BROKEN_PIPE = for_signal(signal.SIGPIPE)
+
+TERMINAL_STDIN_NOTE = (
+    "note: stdin is a terminal, which is not forwarded (the turn's stdin is closed); "
+    "pipe input in, or give --no-stdin to skip this note"
+)
+
+
+class StopWaiting(KeyboardInterrupt):
+    """The user gave up waiting for the turn (a third Ctrl-C, a second TERM)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+def stdin_fd() -> int | None:
+    """Our stdin's descriptor if it is something to forward: open, and not a terminal."""
+    try:
+        fd = sys.stdin.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+    return None if os.isatty(fd) else fd
+
+
+def stdin_is_terminal() -> bool:
+    try:
+        return os.isatty(sys.stdin.fileno())
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def write(stream: TextIO, data: bytes) -> None:
+    """Write ``data`` to ``stream`` at once, after whatever text it already holds."""
+    stream.flush()
+    stream.buffer.write(data)
+    stream.buffer.flush()
+
+
+def silence_stdout() -> None:
+    """Point fd 1 at /dev/null, so that nothing trips on the dead pipe at exit."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)

@@ -1,0 +1,57 @@
+"""What the ``paddock`` command loads: only what the command it runs needs.
+
+httpx, the wire models (pydantic), paramiko and asyncio cost a command
+hundreds of milliseconds to import; each may load only where it is used.
+Through a multiplexer, ``paddock run`` loads none of them (test_mux.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import Target
+
+REPO = Path(__file__).resolve().parent.parent
+HEAVY = ("httpx", "pydantic", "shared.wire", "paramiko", "asyncio", "cryptography")
+
+
+def loaded_by(argv: list[str], env: dict[str, str] | None = None) -> tuple[int, list[str]]:
+    """``cli.main(argv)`` in a fresh interpreter: its status, and the HEAVY modules it loaded."""
+    probe = (
+        "import json, sys\n"
+        "from agent_side import cli\n"
+        f"status = cli.main({argv!r})\n"
+        f"heavy = [m for m in {HEAVY!r} if m in sys.modules]\n"
+        "print(json.dumps([status, heavy]), file=sys.stderr)\n"
+    )
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PADDOCK_")}
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={**base, "PYTHONPATH": str(REPO), **(env or {})},
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+    )
+    status, heavy = json.loads(done.stderr.splitlines()[-1])
+    return status, heavy
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["run", "--help"], ["mux", "status"]])
+def test_cli_without_a_target_loads_nothing_heavy(argv: list[str]) -> None:
+    assert loaded_by(argv) == (0, [])
+
+
+def test_cli_usage_errors_load_nothing_heavy() -> None:
+    assert loaded_by(["run", "--cwd", "relative", "--", "true"]) == (125, [])
+
+
+def test_cli_health_loads_no_ssh_and_no_asyncio(target: Target) -> None:
+    env = {"PADDOCK_TARGET": target.url, "PADDOCK_CACERT": target.cacert}
+    status, heavy = loaded_by(["health"], env)
+    assert status in (0, 1)
+    assert set(heavy) == {"httpx", "pydantic", "shared.wire"}
