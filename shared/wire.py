@@ -40,6 +40,8 @@ RefusalRule = Literal[
     "backend-unavailable",
     "path-changed",
     "bad-mount",
+    "protected-path",
+    "bad-archive",
 ]
 TurnState = Literal["running", "exited", "refused", "lost"]
 HealthCauseName = Literal["backend", "limits", "disk", "config", "turns-failing", "identity"]
@@ -401,6 +403,68 @@ class Problem(BaseModel):
     status: int
     detail: str | None = None
     errors: list[ProblemField] = Field(default_factory=list)
+
+
+FileType = Literal["file", "directory", "symlink", "other"]
+_MODE = r"^[0-7]{4}$"
+
+
+class FileEntry(Wire):
+    """One entry of a listing (``GET /v1/files?list=1``), as ``lstat`` saw it on the target."""
+
+    name: str = Field(description="its name (invalid UTF-8 shown as U+FFFD; see name_b64)")
+    name_b64: str | None = Field(
+        default=None, description="the name's bytes, base64, only when they are not UTF-8"
+    )
+    type: FileType
+    size: int = Field(ge=0)
+    mode: str = Field(pattern=_MODE, description="permission bits, four octal digits")
+    mtime: datetime
+    uid: int
+    gid: int
+    target: str | None = Field(default=None, description="a symlink's target, as stored")
+
+
+class FileListing(Wire):
+    """A path and, when it is a directory, what it holds (sorted by name)."""
+
+    path: str = Field(description="the path as the walk resolved it")
+    entry: FileEntry = Field(description="the path itself")
+    entries: list[FileEntry] = Field(default_factory=list)
+    truncated: bool = Field(
+        default=False, description="more entries than `limit` exist; only `limit` are listed"
+    )
+
+
+class FileWritten(Wire):
+    """What ``PUT /v1/files`` put in place."""
+
+    path: str = Field(description="where the file now is, as the walk resolved the path")
+    size: int = Field(ge=0)
+    mode: str = Field(pattern=_MODE)
+    uid: int = Field(description="the host uid the file belongs to: the role's own")
+    created: bool = Field(description="true if nothing was there before")
+
+
+class ArchiveWritten(Wire):
+    """What ``PUT /v1/archive`` put in place."""
+
+    path: str = Field(description="the directory, as the walk resolved the path")
+    entries: int = Field(ge=0, description="archive members extracted")
+    size: int = Field(ge=0, description="bytes of regular files extracted")
+    created: bool = Field(description="true if the directory did not exist before")
+
+
+class RefusedProblem(Problem):
+    """A problem body for a file operation the target did not carry out.
+
+    ``refusal`` when a rule of the fence refused it (the same object a refused
+    turn carries); ``errno`` when the host refused the role's uid (permission,
+    no such file, a directory where a file was named).
+    """
+
+    refusal: Refusal | None = None
+    errno: str | None = Field(default=None, description="the system's error name, e.g. EACCES")
 
 
 class RoleList(Wire):

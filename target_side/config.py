@@ -201,6 +201,9 @@ class RoleLimits(_Section):
     cpu: float = Field(default=2.0, gt=0)
     output_mb: int = Field(default=256, gt=0)
     scratch_mb: int = Field(default=1024, gt=0)
+    file_mb: int = Field(default=1024, gt=0)
+    """The most one file operation moves: a file read or written, an archive's body and what
+    it unpacks to, a directory fetched as an archive."""
     turns: int | None = Field(default=None, gt=0)
     """This role's turns running at once (default: only ``[server] max_turns`` bounds them)."""
 

@@ -56,10 +56,13 @@ class LaunchFds:
     seccomp: int | None = None
     args: int | None = None
     """bubblewrap's ``--args`` file, made last: it names all the others."""
+    extra: tuple[int, ...] = ()
+    """The caller's own, passed through to the command at the same numbers (a file
+    operation's data pipe); the caller keeps and closes them."""
 
     def passed(self) -> tuple[int, ...]:
         own = (self.args, self.status, self.block, self.gate, self.script, self.seccomp)
-        return (*(fd for fd in own if fd is not None), *self.held.fds())
+        return (*(fd for fd in own if fd is not None), *self.held.fds(), *self.extra)
 
 
 def find_bwrap() -> str:
@@ -233,14 +236,17 @@ async def launch_turn(
     limiter: Limiter,
     inject: FailureHook = no_failure,
     identity: Identity | None = None,
+    extra_fds: tuple[int, ...] = (),
 ) -> RunningTurn:
     """Hold every checked path, set up limits and filter, and start bubblewrap as the role.
 
     ``inject`` is called with ``check-to-open`` (before the paths are opened)
     and ``open-to-launch`` (after, just before bubblewrap starts): the seams
     tests use to swap a path. ``identity`` starts it (default: this process,
-    which must be root or the role's uid). Every descriptor is closed here once
-    bubblewrap has its own copies; on any failure nothing is left behind.
+    which must be root or the role's uid). Every descriptor opened here is
+    closed once bubblewrap has its own copies; on any failure nothing is left
+    behind. ``extra_fds`` reach the command at their own numbers, and stay the
+    caller's.
     """
     starter = identity if identity is not None else InProcess()
     opened: list[int] = []
@@ -260,6 +266,7 @@ async def launch_turn(
             held=held,
             script=_opened(opened, script),
             seccomp=_opened(opened, seccomp),
+            extra=extra_fds,
         )
         fds = replace(fds, args=_opened(opened, args_fd(bwrap_options(plan, fds))))
         inject("open-to-launch")

@@ -23,7 +23,12 @@ from target_side.policy.executables import resolve_executable
 from target_side.policy.forbidden import forbidden_for, home_place
 from target_side.policy.mounts import Mount, MountPlanner, identity
 from target_side.policy.paths import resolve
-from target_side.policy.protect import PROTECTED_NAMES, scan
+from target_side.policy.protect import (
+    PROTECTED_NAMES,
+    Protection,
+    protected_member_holding,
+    scan,
+)
 
 SCRIPT_PATH = "/run/paddock/turn.sh"
 """Where a script turn's body appears inside the fence (a read-only copy made by bubblewrap)."""
@@ -88,7 +93,7 @@ def plan_turn(
         if problem is not None:
             raise refusals.bad_managed_entry(entry.subject, entry.source, problem)
         planner.existing("ro", entry.source, entry.subject, dest=posixpath.join(home, entry.place))
-    audit = _protect(planner, settings)
+    audit = protect_writable(planner, settings)
     env = build_env(
         request.env,
         fence_path=settings.fence.path,
@@ -160,14 +165,28 @@ def _network(request: TurnRequest, role: RoleConfig) -> bool:
     return request.network == "host"
 
 
-def _protect(planner: MountPlanner, settings: Settings) -> dict[str, str | None]:
+def protected_names(settings: Settings) -> tuple[str, ...]:
+    """The built-in protected names, then the operator's ``[fence] protect``."""
+    return tuple(dict.fromkeys((*PROTECTED_NAMES, *settings.fence.protect)))
+
+
+def protect_writable(planner: MountPlanner, settings: Settings) -> dict[str, str | None]:
     """Keep what runs later outside a fence read-only in every writable mount (``protect``)."""
     writable = [(m.subject, m.source) for m in planner.mounts if m.kind == "rw"]
-    names = tuple(dict.fromkeys((*PROTECTED_NAMES, *settings.fence.protect)))
+    for subject, root in writable:
+        member = protected_member_holding(root)
+        if member is not None and subject != "roles.home":
+            raise refusals.protected_mount(subject, root, root, member)
+    names = protected_names(settings)
     # The role's home is only ever used inside fences: its rc files are its own business.
     found = scan(
         [(s, root) for s, root in writable if s != "roles.home"], names, settings.fence.scan_limit
     )
+    return protect_found(planner, found)
+
+
+def protect_found(planner: MountPlanner, found: Protection) -> dict[str, str | None]:
+    """Mount what a scan found protected over itself; returns the paths to audit afterwards."""
     for git_dir in found.git_dirs:
         # Onto itself: a mount point cannot be renamed away or replaced.
         planner.mounts.append(Mount("rw", git_dir, git_dir, "fence.git", *identity(git_dir)))

@@ -7,7 +7,7 @@ same wherever it is detected, and a grep for the rule name finds one place.
 from __future__ import annotations
 
 from shared.wire import Refusal
-from target_side.errors import RefusedError
+from target_side.errors import MissingPath, RefusedError
 from target_side.policy.forbidden import Collision
 
 _CONFLICT_WORDS = {
@@ -55,6 +55,62 @@ def outside_workspace(
 
 def bad_mount(subject: str, given: str, resolved: str, why: str) -> RefusedError:
     return _refused("bad-mount", subject, given, resolved, f"{resolved} {why}")
+
+
+def missing_path(subject: str, given: str, resolved: str, what: str = "") -> RefusedError:
+    refused = bad_mount(subject, given, resolved, f"does not exist on the target{what}")
+    return MissingPath(refused.refusal)
+
+
+def protected_path(subject: str, given: str, resolved: str | None, why: str) -> RefusedError:
+    return _refused(
+        "protected-path",
+        subject,
+        given,
+        resolved,
+        f"{resolved or given} {why}, which runs later outside any fence, so no file operation "
+        "writes it; change it with a turn if you must (where it stays read-only or is audited), "
+        "or leave it out",
+    )
+
+
+def protected_mount(subject: str, given: str, resolved: str, member: str) -> RefusedError:
+    return _refused(
+        "protected-path",
+        subject,
+        given,
+        resolved,
+        f"{resolved} {'is' if resolved == member else 'lies inside'} {member}, which stays "
+        "read-only in every writable mount (it runs later, outside any fence); ask for a "
+        "directory outside it",
+    )
+
+
+def bad_archive(member: str | None, why: str) -> RefusedError:
+    where = f"member {member!r}" if member else "the archive"
+    return _refused(
+        "bad-archive",
+        "archive",
+        member,
+        None,
+        f"{where} {why}; nothing was extracted. Send a tar whose members are plain files, "
+        "directories and links that stay inside the directory",
+    )
+
+
+def file_too_large(subject: str, given: str, size: int, limit_mb: int, role: str) -> RefusedError:
+    return _refused(
+        "limit-exceeds-role",
+        "limits.file_mb",
+        given,
+        None,
+        f"{subject} is {_mib(size)}, above role {role!r}'s file_mb of {limit_mb} MiB; "
+        "move less at once, or have the operator raise [roles.NAME.limits] file_mb",
+    )
+
+
+def _mib(size: int) -> str:
+    return f"{size} bytes" if size < 1 << 20 else f"{size / (1 << 20):.1f} MiB"
 
 
 def unreachable_for_role(

@@ -53,6 +53,7 @@ from target_side.fence import syscall_filter
 from target_side.fence.held import FailureHook, no_failure
 from target_side.fence.launch import probe
 from target_side.policy.plan import host_ids
+from target_side.service import files
 from target_side.service.auth import TokenRoles, require_role
 from target_side.service.body_limit import BodyLimit
 from target_side.service.health import HealthBoard
@@ -88,6 +89,7 @@ def create_app(
     """
     board = HealthBoard("bubblewrap")
     manager = TurnManager(settings, board, inject, state_lock)
+    file_service = files.FileService(manager)
     tokens = TokenRoles(settings)
 
     @asynccontextmanager
@@ -99,6 +101,7 @@ def create_app(
         sweeper = asyncio.create_task(_sweep_forever(manager))
         yield
         sweeper.cancel()
+        await file_service.stop()
         await manager.shutdown()
 
     # FastAPIOffline: FastAPI's own Swagger UI page, its scripts served from the package.
@@ -257,6 +260,7 @@ def create_app(
         """The newest turns of the token's roles, newest first."""
         return await manager.recent(roles, limit)
 
+    files.install(app, file_service, Roles)
     return app
 
 

@@ -8,6 +8,9 @@ server has, and ``/v1/health`` with them. So:
 - every accepted connection has ``request_timeout_s`` to deliver a whole
   request (TLS handshake, head and body); one that has not is closed. The clock
   starts again after each response on a kept-alive connection;
+- a route that reads a long body at its own pace (a file upload) marks its
+  request ``STREAMING`` while it reads; the clock stops, and the route bounds
+  the body itself (idle time between chunks, the role's limits);
 - at most ``max_connections`` are open. The one past it closes the *oldest*
   connection still sending its request, so a client with a real request gets
   in however many half-sent ones are queued; only if every connection is busy
@@ -36,6 +39,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 log = logging.getLogger("paddock.target.connections")
 
+STREAMING = "paddock.streaming_body"
+"""The key a route sets (true) in its request's scope while it streams the body in itself."""
 FD_RESERVE = 256
 """Descriptors kept for everything but client connections: turns' pipes, spools, the ledger."""
 
@@ -201,6 +206,9 @@ def guarded_h11(guard: ConnectionGuard) -> type[H11Protocol]:
             # DONE / MUST_CLOSE: the client has sent all of its request; IDLE or
             # SEND_BODY: it is still sending one, and the clock runs.
             whole = self.conn.their_state in (h11.DONE, h11.MUST_CLOSE)
-            guard.request_state(self._fd, whole)
+            streaming = self.conn.their_state is h11.SEND_BODY and bool(
+                self.scope and self.scope.get(STREAMING)
+            )
+            guard.request_state(self._fd, whole or streaming)
 
     return GuardedH11Protocol

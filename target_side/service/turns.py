@@ -331,6 +331,19 @@ class TurnManager:
         self._running -= 1
         self._running_by_role[role] -= 1
 
+    def admit(self, role: str) -> None:
+        """Count a fence that is not a turn (a file operation's) against the same caps and
+        conditions as a turn; ``release`` when it has ended."""
+        self._check_low_water()
+        self._admit(role)
+
+    def release(self, role: str) -> None:
+        self._release(role)
+
+    async def record(self, kind: str, **fields: Any) -> bool:
+        """Append one ledger record; False (and ``disk``) if the disk refused it for now."""
+        return await self._ledger_append(kind, **fields)
+
     def _disk_unavailable(self) -> TargetUnavailable:
         return TargetUnavailable(
             f"the target's state disk ({self.settings.state_root}) is full or failing "
@@ -587,6 +600,8 @@ class TurnManager:
         def fold() -> list[Turn]:
             latest: dict[str, Turn] = {}
             for entry in self.ledger.records():
+                if "turn" not in entry:
+                    continue  # a record of something else: a recovery, a file operation
                 turn = Turn.model_validate(entry["turn"])
                 if turn.role in roles:
                     latest[turn.turn_id] = turn
