@@ -42,7 +42,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
@@ -52,7 +52,17 @@ from agent_side.defaults import DEFAULT_SSH_TARGET, REMOTE_CA
 from agent_side.errors import AgentError, UsageError
 from agent_side.turns import Finished, drive, follow_turn, new_request, output_bytes, sole_role
 from shared.net import is_loopback
-from shared.wire import Event, Health, OutputEvent, Refusal, Turn, TurnRequest
+from shared.wire import (
+    ArchiveWritten,
+    Event,
+    FileListing,
+    FileWritten,
+    Health,
+    OutputEvent,
+    Refusal,
+    Turn,
+    TurnRequest,
+)
 
 if TYPE_CHECKING:
     # paramiko is imported only when an SSH target is opened: it adds about a
@@ -279,6 +289,53 @@ class Target:
             finished = follow_turn(self._client, turn_id, output.event, after=after)
         return output.result(finished)
 
+    # --- files (docs/api.md, "Files"): done on the target as the role's uid -----------------
+
+    def read_file(self, path: str, *, role: str | None = None) -> bytes:
+        """The whole file at ``path`` on the target.
+
+        ``FileRefused`` when the fence's rules refuse it, ``FileFailed`` when the
+        target says no to the role's uid (404 missing, 403 permission, 409 a directory).
+        """
+        from agent_side import files  # tarfile: loaded by those who copy
+
+        return files.read_file(self._client, role or self.role, path)
+
+    def write_file(
+        self,
+        path: str,
+        data: bytes | IO[bytes],
+        *,
+        mode: int | None = None,
+        role: str | None = None,
+    ) -> FileWritten:
+        """Make ``data`` (bytes, or a binary file read to its end) the file at ``path``, all or
+        nothing. ``mode``: permission bits; without, a replaced file keeps its own, else 0644."""
+        from agent_side import files  # tarfile: loaded by those who copy
+
+        return files.write_file(self._client, role or self.role, path, data, mode)
+
+    def list_dir(self, path: str, *, limit: int = 10_000, role: str | None = None) -> FileListing:
+        """``path``'s own entry (``.entry``) and, for a directory, its entries (``.entries``,
+        sorted, at most ``limit``; ``.truncated`` if there were more)."""
+        from agent_side import files  # tarfile: loaded by those who copy
+
+        return files.list_dir(self._client, role or self.role, path, limit)
+
+    def get_dir(self, path: str, local_dir: str, *, role: str | None = None) -> int:
+        """Fetch the directory ``path`` into the local ``local_dir`` (made if missing, merged
+        into if not); returns how many entries came."""
+        from agent_side import files  # tarfile: loaded by those who copy
+
+        return files.get_dir(self._client, role or self.role, path, local_dir)
+
+    def put_dir(self, local_dir: str, path: str, *, role: str | None = None) -> ArchiveWritten:
+        """Send the local directory ``local_dir`` into ``path`` on the target (made if missing,
+        merged into if not): every entry, or (refused) none."""
+        from agent_side import files  # tarfile: loaded by those who copy
+
+        return files.put_dir(self._client, role or self.role, local_dir, path)
+
     def close(self) -> None:
         """Close the HTTP pool, then the SSH connection under it."""
         try:
@@ -390,6 +447,39 @@ class AsyncTarget:
         except asyncio.CancelledError:
             await asyncio.shield(self._call(_kill_once_submitted, target, submission))
             raise
+
+    async def read_file(self, path: str, *, role: str | None = None) -> bytes:
+        """Like ``Target.read_file``, awaited."""
+        return await self._call(functools.partial(self.target.read_file, path, role=role))
+
+    async def write_file(
+        self,
+        path: str,
+        data: bytes | IO[bytes],
+        *,
+        mode: int | None = None,
+        role: str | None = None,
+    ) -> FileWritten:
+        """Like ``Target.write_file``, awaited."""
+        write = functools.partial(self.target.write_file, path, data, mode=mode, role=role)
+        return await self._call(write)
+
+    async def list_dir(
+        self, path: str, *, limit: int = 10_000, role: str | None = None
+    ) -> FileListing:
+        """Like ``Target.list_dir``, awaited."""
+        listing = functools.partial(self.target.list_dir, path, limit=limit, role=role)
+        return await self._call(listing)
+
+    async def get_dir(self, path: str, local_dir: str, *, role: str | None = None) -> int:
+        """Like ``Target.get_dir``, awaited."""
+        return await self._call(functools.partial(self.target.get_dir, path, local_dir, role=role))
+
+    async def put_dir(
+        self, local_dir: str, path: str, *, role: str | None = None
+    ) -> ArchiveWritten:
+        """Like ``Target.put_dir``, awaited."""
+        return await self._call(functools.partial(self.target.put_dir, local_dir, path, role=role))
 
     async def aclose(self) -> None:
         target, self._target = self._target, None

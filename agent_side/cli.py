@@ -9,6 +9,7 @@
     paddock logs TURN [--follow [--from-start]]     paddock attach TURN [--from-start]
     paddock turns [--limit N]        paddock kill TURN               paddock health
     paddock status [NAME ...]        paddock deploy USER@HOST[:PORT] ... | --inventory F
+    paddock cp [-r] [--mode MODE] SRC DST      (a remote path: :PATH, or NAME:PATH)
     paddock mux status|stop
 
 The jobs live in their own modules: ``connection`` (where the target, token,
@@ -245,6 +246,26 @@ def build_parser(command: str | None = None) -> CommandParser:
     )
     status.add_argument("--json", action="store_true", help="one JSON object")
     status.set_defaults(handler=_command("status_command"))
+
+    cp = subcommands.add_parser(
+        "cp",
+        help="copy a file (or with -r a directory) to or from a target; remote paths are "
+        ":PATH or NAME:PATH",
+    )
+    _add_target_options(cp)
+    _add_token_option(cp)
+    cp.add_argument("--role", help="role to act as (PADDOCK_ROLE; default: the token's only role)")
+    cp.add_argument(
+        "-r", "--recursive", action="store_true", help="copy directories (as a tar stream)"
+    )
+    cp.add_argument(
+        "--mode",
+        metavar="MODE",
+        help="octal permission bits for a file written on the target (default: the local file's)",
+    )
+    cp.add_argument("source", metavar="SRC", help="a local path, - (stdin), :PATH or NAME:PATH")
+    cp.add_argument("dest", metavar="DST", help="a local path, - (stdout), :PATH or NAME:PATH")
+    cp.set_defaults(handler=_command("cp_command"))
 
     add_deploy_parser(subcommands, options=command in (None, "deploy"))
     add_mux_parser(subcommands, _add_target_options)

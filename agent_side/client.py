@@ -14,11 +14,11 @@ from __future__ import annotations
 import math
 import ssl
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TypeVar
+from typing import IO, TypeVar
 
 import httpcore
 import httpx
@@ -29,6 +29,8 @@ from agent_side.errors import (
     AgentError,
     AuthRejected,
     ConnectionDropped,
+    FileFailed,
+    FileRefused,
     ProtocolError,
     RequestRejected,
     ServiceUnavailable,
@@ -52,6 +54,7 @@ from shared.wire import (
     Health,
     PlanResult,
     Problem,
+    Refusal,
     RoleList,
     SignalRequest,
     Turn,
@@ -311,6 +314,38 @@ class TargetClient:
                     f"following turn {turn_id} after event {cursor}",
                 )
 
+    def send(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, str] | None = None,
+        content: bytes | Iterable[bytes] | IO[bytes] | None = None,
+        content_type: str = "application/octet-stream",
+    ) -> httpx.Response:
+        """One request to ``path`` with the token, its whole answer read; an ``AgentError``
+        unless it succeeded (a refused file operation is a ``FileRefused``). Never retried."""
+        return self._request(
+            method, path, params=params, content=content, content_type=content_type
+        )
+
+    @contextmanager
+    def stream(
+        self, method: str, path: str, *, params: dict[str, str] | None = None
+    ) -> Iterator[httpx.Response]:
+        """A response whose body is read as it comes (``iter_bytes``); an ``AgentError``
+        unless it succeeded. A break mid-body is a ``ConnectionDropped``."""
+        self._require_open()
+        with (
+            self._mapped(path),
+            self._http.stream(method, path, params=params, headers=self._auth) as response,
+        ):
+            self._answered = True
+            if not response.is_success:
+                response.read()
+                raise _status_error(response, turn_id=None)
+            yield response
+
     def _pause(self, delays: Iterator[float], exc: AgentError, doing: str) -> None:
         delay = next(delays, None)
         if delay is None:
@@ -347,7 +382,7 @@ class TargetClient:
         path: str,
         *,
         auth: bool = True,
-        content: bytes | None = None,
+        content: bytes | Iterable[bytes] | IO[bytes] | None = None,
         headers: dict[str, str] | None = None,
         params: dict[str, str] | None = None,
         content_type: str = "application/json",
@@ -493,6 +528,9 @@ def _status_error(response: httpx.Response, *, turn_id: str | None) -> AgentErro
     status = response.status_code
     problem = _problem(response)
     said = _problem_text(problem, response)
+    file_error = _file_error(problem, status, said)
+    if file_error is not None:
+        return file_error
     if status == 401:
         return AuthRejected(
             f"the target rejected the token (401: {said}); "
@@ -514,6 +552,22 @@ def _status_error(response: httpx.Response, *, turn_id: str | None) -> AgentErro
     return ProtocolError(
         f"{response.request.method} {response.request.url.path} failed with {status}: {said}"
     )
+
+
+def _file_error(problem: Problem | None, status: int, said: str) -> AgentError | None:
+    """A file operation's problem: a refusal by the fence, or what the host told the role."""
+    extra = (problem.model_extra or {}) if problem is not None else {}
+    if extra.get("refusal") is not None:
+        try:
+            refusal = Refusal.model_validate(extra["refusal"])
+        except ValidationError:
+            return ProtocolError(f"the target answered {status} with a malformed refusal")
+        if status == 404:
+            return FileFailed(refusal.detail, status)
+        return FileRefused(refusal.detail, refusal, status)
+    if isinstance(extra.get("errno"), str):
+        return FileFailed(said, status, extra["errno"])
+    return None
 
 
 def _retry_after(response: httpx.Response) -> float:

@@ -171,3 +171,10 @@ def status_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         for line in status.table_lines(statuses):
             write(sys.stdout, (visible(line) + "\n").encode())
     return 0 if all(s.armed for s in statuses) else 1
+
+
+def cp_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """``paddock cp SRC DST``: a file or directory to or from a target (``copy_command``)."""
+    from agent_side.copy_command import copy
+
+    return copy(args, environ)

@@ -17,9 +17,14 @@
      ├── ServiceUnavailable   the target takes no new turn now: disk full, stopping (503)
      ├── ProtocolError        the target answered with something the contract does not allow
      ├── UnknownTurn          the target knows no turn by that id (mistyped, or long removed)
-     └── TurnLost             the target marked the turn lost (it crashed or restarted)
+     ├── TurnLost             the target marked the turn lost (it crashed or restarted)
+     ├── FileRefused          the target's fence refused a file operation; carries the refusal
+     └── FileFailed           the target said no to the role's uid: no such file, permission,
+                              a directory where a file was named, a full disk
 
-Every one of these makes the CLI exit 125: paddock itself failed, not the command.
+Every one of these makes the CLI exit 125: paddock itself failed, not the command;
+but for ``paddock cp``, a ``FileRefused`` exits 126 (as a refused turn does) and a
+``FileFailed`` 1 (as ``cp`` does).
 An ``SshUnreachable`` is a ``TargetUnreachable``, so a stream that resumes after a
 dropped connection retries it; the host-key and auth failures are never retried.
 """
@@ -36,6 +41,8 @@ if TYPE_CHECKING:
     import ssl
 
     import httpx
+
+    from shared.wire import Refusal
 
 
 class AgentError(PaddockError):
@@ -152,6 +159,37 @@ class TurnLost(AgentError):
     """The target marked the turn lost: it crashed or restarted while the turn ran."""
 
     label = "turn lost"
+
+
+class FileRefused(AgentError):
+    """A rule of the target's fence refused a file operation; nothing was written.
+
+    ``refusal`` is the same object a refused turn carries (rule, subject, path,
+    resolved, detail).
+    """
+
+    label = "refused"
+
+    def __init__(self, message: str, refusal: Refusal, status: int) -> None:
+        super().__init__(message)
+        self.refusal = refusal
+        self.status = status
+
+
+class FileFailed(AgentError):
+    """The target carried out no file operation: the path is missing, the role's uid may not,
+    a directory stands where a file was named, or the reverse. Nothing was written.
+
+    ``status`` is the HTTP status (404, 403, 409, 507, ...); ``errno`` the system's word,
+    when it gave one.
+    """
+
+    label = "file"
+
+    def __init__(self, message: str, status: int, errno: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.errno = errno
 
 
 _TLS_HINT = "check --cacert / PADDOCK_CACERT names the CA that signed the target's certificate"
