@@ -83,8 +83,22 @@ def write_file(
         if not 0 <= mode <= 0o777:
             raise UsageError(f"mode {mode:o} is not permission bits (at most 777, no setuid)")
         more["mode"] = f"{mode:04o}"
-    response = client.send("PUT", "/v1/files", params=_params(role, path, **more), content=data)
+    params = _params(role, path, **more)
+    response = client.send("PUT", "/v1/files", params=params, content=_body(data))
     return _model(FileWritten, response.content)
+
+
+def _body(data: bytes | IO[bytes]) -> bytes | IO[bytes] | Iterator[bytes]:
+    """What to send: a regular file from its start as it is (its size goes ahead as
+    Content-Length, so an over-size one is refused before it is sent); anything else read
+    in chunks (a pipe's size says nothing of what is still to come)."""
+    if isinstance(data, bytes | bytearray | memoryview):
+        return bytes(data)
+    try:
+        whole = stat.S_ISREG(os.fstat(data.fileno()).st_mode) and data.tell() == 0
+    except (AttributeError, OSError, ValueError):
+        whole = False
+    return data if whole else iter(lambda: data.read(CHUNK), b"")
 
 
 def list_dir(client: TargetClient, role: str, path: str, limit: int = 10_000) -> FileListing:

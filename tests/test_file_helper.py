@@ -171,9 +171,7 @@ def test_check_archive_refuses_turning_a_directory_into_a_file(tmp_path: Path) -
 def test_check_archive_counts_the_directorys_own_path_for_protected_names(tmp_path: Path) -> None:
     # The directory is .vscode (checked by the planner); a member tasks.json completes the pair.
     with pytest.raises(Refused, match="protected"):
-        check_archive(
-            tar_of(_file("tasks.json")), request_for(tmp_path, prefix=(".vscode",)), None
-        )
+        check_archive(tar_of(_file("tasks.json")), request_for(tmp_path, prefix=(".vscode",)), None)
 
 
 def test_check_archive_refuses_what_is_not_a_tar(tmp_path: Path) -> None:

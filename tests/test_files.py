@@ -293,9 +293,7 @@ def test_files_put_outside_the_workspaces_is_refused(
     assert refusal(put(client, target.settings.state_root / "x", b"x")) == "outside-workspace"
 
 
-def test_files_put_into_a_forbidden_path_is_refused(
-    client: httpx.Client, target: Target
-) -> None:
+def test_files_put_into_a_forbidden_path_is_refused(client: httpx.Client, target: Target) -> None:
     forbidden = target.workspace / "forbidden"
     forbidden.mkdir(exist_ok=True)
     before = snapshot(forbidden)
@@ -450,7 +448,12 @@ def test_archive_merges_into_an_existing_directory(
     (place / "old" / "stays").write_text("stays")
     (place / "old").chmod(0o750)
     uid, gid = target.settings.role_ids("builder")
-    for path in (place / "keep", place / "old", place / "old" / "replaced", place / "old" / "stays"):
+    for path in (
+        place / "keep",
+        place / "old",
+        place / "old" / "replaced",
+        place / "old" / "stays",
+    ):
         os.chown(path, uid, gid)
     archive = tar_of(
         [member("old/replaced"), member("old/new"), member("fresh/deep/file")],

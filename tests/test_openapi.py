@@ -18,6 +18,15 @@ from conftest import Target
 from shared.wire import TurnRequest
 
 PROBLEM = {"$ref": "#/components/schemas/Problem"}
+REFUSED_PROBLEM = {"$ref": "#/components/schemas/RefusedProblem"}
+FILE_ROUTES = {
+    ("get", "/v1/files"),
+    ("put", "/v1/files"),
+    ("get", "/v1/archive"),
+    ("put", "/v1/archive"),
+}
+FILE_STATUSES = {403, 404, 408, 409, 413, 507}
+"""What a file route answers with a ``RefusedProblem``: a refusal, or the system's errno."""
 
 ERRORS = {
     ("get", "/v1/health"): set(),
@@ -29,6 +38,10 @@ ERRORS = {
     ("post", "/v1/turns/{turn_id}/stdin"): {401, 404, 409, 413, 422},
     ("post", "/v1/plan"): {400, 401, 403, 413, 422},
     ("get", "/v1/roles"): {401},
+    ("get", "/v1/files"): {401, 403, 404, 409, 422, 429, 503},
+    ("put", "/v1/files"): {401, 403, 404, 408, 409, 413, 422, 429, 503, 507},
+    ("get", "/v1/archive"): {401, 403, 404, 409, 422, 429, 503},
+    ("put", "/v1/archive"): {401, 403, 404, 408, 409, 413, 422, 429, 503, 507},
 }
 """Every route and the error statuses it can answer, as the handlers and middleware raise them."""
 
@@ -80,7 +93,9 @@ def test_openapi_documents_each_error_as_a_problem(document: dict[str, Any]) -> 
         assert errors == ERRORS[key], key
         for status in errors:
             content = responses[str(status)]["content"]
-            assert content == {"application/problem+json": {"schema": PROBLEM}}, (key, status)
+            refused = key in FILE_ROUTES and status in FILE_STATUSES
+            schema = REFUSED_PROBLEM if refused else PROBLEM
+            assert content == {"application/problem+json": {"schema": schema}}, (key, status)
     assert "HTTPValidationError" not in document["components"]["schemas"]
 
 
@@ -119,6 +134,25 @@ def test_openapi_parameters_are_never_null(document: dict[str, Any]) -> None:
 def test_openapi_stdin_takes_raw_bytes(document: dict[str, Any]) -> None:
     body = operations(document)[("post", "/v1/turns/{turn_id}/stdin")]["requestBody"]
     assert set(body["content"]) == {"application/octet-stream"}
+
+
+def test_openapi_file_bodies_are_binary(document: dict[str, Any]) -> None:
+    binary = {"schema": {"type": "string", "format": "binary"}}
+    ops = operations(document)
+    assert ops[("put", "/v1/files")]["requestBody"]["content"] == {
+        "application/octet-stream": binary
+    }
+    assert ops[("put", "/v1/archive")]["requestBody"]["content"] == {"application/x-tar": binary}
+    read = ops[("get", "/v1/files")]["responses"]["200"]["content"]
+    assert read["application/octet-stream"] == binary
+    assert read["application/json"]["schema"] == {"$ref": "#/components/schemas/FileListing"}
+    archive = ops[("get", "/v1/archive")]["responses"]["200"]["content"]
+    assert archive == {"application/x-tar": binary}
+
+
+def test_openapi_file_refusals_carry_the_refusal_schema(document: dict[str, Any]) -> None:
+    refused = document["components"]["schemas"]["RefusedProblem"]["properties"]
+    assert {"$ref": "#/components/schemas/Refusal"} in refused["refusal"]["anyOf"]
 
 
 def test_openapi_new_turn_links_to_its_next_steps(document: dict[str, Any]) -> None:

@@ -645,7 +645,7 @@ _FILE_HEADERS = {
     "X-Paddock-Size": {
         "description": "the file's size in bytes (as Content-Length); for an archive, the "
         "bytes of its regular files",
-        "schema": {"type": "integer", "minimum": 0},
+        "schema": {"type": "string", "pattern": "^[0-9]+$"},
     },
     "Last-Modified": {"description": "the file's mtime", "schema": {"type": "string"}},
 }
@@ -736,7 +736,7 @@ def install(app: FastAPI, service: FileService, roles: Any) -> None:
         "/v1/archive",
         operation_id="readArchive",
         summary="Fetch a directory as a tar",
-        response_model=None,
+        response_class=StreamingResponse,
         responses={200: ARCHIVE, **file_errors(401, 403, 404, 409, 422, 429, 503)},
     )
     async def read_archive(
