@@ -25,7 +25,9 @@ class Mutation:
     old: str
     new: str
     tests: tuple[str, ...]
-    also: tuple[tuple[str, str], ...] = ()
+    also: tuple[tuple[str, ...], ...] = ()
+    """More replacements: ``(old, new)`` in the same file, or ``(file, old, new)`` in another
+    (a rule held in two places is inverted in both)."""
 
 
 MUTATIONS = (
@@ -818,6 +820,164 @@ MUTATIONS += (
         ("tests/test_mux.py::test_mux_refuses_a_socket_owned_by_another_user",),
     ),
     Mutation(
+        "files-protected-names-written",
+        "target_side/policy/files.py",
+        '        if _holds_sequence(below, name.split("/")):',
+        "        if False:",
+        ("tests/test_files.py -k protected_name or hooks_named or bare_repository",),
+        also=(("    git_dir = git_dir_above(resolved)", "    git_dir = None"),),
+    ),
+    Mutation(
+        "files-outside-workspace-written",
+        "target_side/policy/files.py",
+        "    workspace = _workspace_of(resolved, workspaces)",
+        "    workspace = _workspace_of(resolved, workspaces) or posixpath.dirname(resolved)",
+        ("tests/test_files.py::test_files_put_outside_the_workspaces_is_refused",),
+        also=(
+            (
+                '    planner.workspace_dir(directory, "path")',
+                '    planner.existing("rw", directory, "path")',
+            ),
+        ),
+    ),
+    Mutation(
+        "files-forbidden-list-ignored",
+        "target_side/policy/forbidden.py",
+        "        if any(is_within(canonical, mine) for mine in self.own):\n            return None",
+        "        return None",
+        ("tests/test_files.py -k forbidden",),
+    ),
+    Mutation(
+        "files-written-as-root",
+        "target_side/policy/files.py",
+        "    uid, gid = host_ids(settings, role)",
+        "    uid, gid = 0, 0",
+        ("tests/test_files.py -k belong_to_the_role_uid or round_trips",),
+    ),
+    Mutation(
+        "files-commit-without-the-whole-body",
+        "target_side/fence/file_helper.py",
+        "            if not _committed():\n                return\n            os.fchmod(temporary.fd, mode)",
+        "            os.fchmod(temporary.fd, mode)",
+        ("tests/test_files.py::test_files_put_cut_off_midway_leaves_the_old_file",),
+    ),
+    Mutation(
+        "files-upload-unbounded",
+        "target_side/service/files.py",
+        "            if declared is not None and declared > plan.limit_bytes:",
+        "            if False:",
+        ("tests/test_files.py -k over_the_role_limit",),
+        also=(
+            (
+                "                if size > limit:\n                    raise self.service",
+                "                if False:\n                    raise self.service",
+            ),
+            ("target_side/fence/file_helper.py", "        if size > limit:", "        if False:"),
+        ),
+    ),
+    Mutation(
+        "git-hooks-writable-as-a-mount-of-their-own",
+        "target_side/policy/plan.py",
+        '        if member is not None and subject != "roles.home":',
+        "        if False:",
+        ("tests/test_files.py::test_turn_writable_mount_inside_git_hooks_is_refused",),
+    ),
+    Mutation(
+        "archive-dot-dot-accepted",
+        "target_side/fence/file_helper.py",
+        '    if ".." in parts:',
+        "    if False:",
+        ("tests/test_file_helper.py -k dot", "tests/test_files.py -k attack and dot"),
+    ),
+    Mutation(
+        "archive-absolute-names-accepted",
+        "target_side/fence/file_helper.py",
+        '    if name.startswith("/"):',
+        "    if False:",
+        (
+            "tests/test_file_helper.py -k absolute",
+            "tests/test_files.py -k attack and absolute",
+        ),
+    ),
+    Mutation(
+        "archive-symlinks-unchecked",
+        "target_side/fence/file_helper.py",
+        "        if member.issym():\n            tree.check_link",
+        "        if False:\n            tree.check_link",
+        ("tests/test_file_helper.py -k symlink", "tests/test_files.py -k attack and symlink"),
+    ),
+    Mutation(
+        "archive-hard-links-unchecked",
+        "target_side/fence/file_helper.py",
+        "        elif member.islnk():\n            _check_hard_link",
+        "        elif False:\n            _check_hard_link",
+        ("tests/test_file_helper.py -k hard", "tests/test_files.py -k attack and hard"),
+    ),
+    Mutation(
+        "archive-devices-extracted",
+        "target_side/fence/file_helper.py",
+        "    if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):",
+        "    if False:",
+        (
+            "tests/test_file_helper.py -k device or fifo",
+            "tests/test_files.py -k attack and (device or fifo)",
+        ),
+    ),
+    Mutation(
+        "archive-setuid-kept",
+        "target_side/fence/file_helper.py",
+        "    if member.mode & (stat.S_ISUID | stat.S_ISGID):",
+        "    if False:",
+        (
+            "tests/test_file_helper.py -k setuid or setgid",
+            "tests/test_files.py -k attack and setuid",
+        ),
+    ),
+    Mutation(
+        "archive-through-an-existing-symlink",
+        "target_side/fence/file_helper.py",
+        "            if there is not None and not stat.S_ISDIR(there.st_mode):",
+        "            if False:",
+        (
+            "tests/test_file_helper.py -k existing_symlink",
+            "tests/test_files.py::test_archive_member_under_an_existing_symlink_out_is_refused",
+        ),
+    ),
+    Mutation(
+        "archive-protected-members-accepted",
+        "target_side/fence/file_helper.py",
+        "    _check_protected(parts, request, name)",
+        "    pass",
+        (
+            "tests/test_file_helper.py -k protected or git",
+            "tests/test_files.py -k attack and (git or bashrc)",
+        ),
+    ),
+    Mutation(
+        "archive-unpacked-size-unbounded",
+        "target_side/fence/file_helper.py",
+        '    if plan.size > request["limit"]:',
+        "    if False:",
+        (
+            "tests/test_file_helper.py -k over",
+            "tests/test_files.py::test_archive_unpacking_over_the_role_limit_is_refused",
+        ),
+    ),
+    Mutation(
+        "body-limit-exempts-every-route",
+        "target_side/service/body_limit.py",
+        '(scope["method"], scope["path"]) in STREAMED:',
+        "True:",
+        ("tests/test_api.py::test_body_over_one_mib_is_413_and_server_keeps_serving",),
+    ),
+    Mutation(
+        "request-clock-stops-for-every-body",
+        "target_side/service/connections.py",
+        "            streaming = self.conn.their_state is h11.SEND_BODY and bool(",
+        "            streaming = self.conn.their_state is h11.SEND_BODY or bool(",
+        ("tests/test_files.py::test_a_turn_body_not_finished_in_time_is_still_closed",),
+    ),
+    Mutation(
         "mux-socket-open-to-others-trusted",
         "agent_side/mux/paths.py",
         '    if info.st_mode & 0o077:\n        raise MuxUnsafe(\n            f"{shown} is open',
@@ -871,19 +1031,28 @@ def run(mutation: Mutation) -> bool:
         shutil.copytree(
             ROOT, copy, ignore=shutil.ignore_patterns(".venv", ".git", "__pycache__", ".*cache")
         )
-        target = copy / mutation.file
-        text = target.read_text()
-        for old, new in ((mutation.old, mutation.new), *mutation.also):
+        for file, old, new in _replacements(mutation):
+            target = copy / file
+            text = target.read_text()
             if old not in text:
                 print(f"{mutation.name}: STALE (the code it mutates has changed)")
                 return False
-            text = text.replace(old, new, 1)
-        target.write_text(text)
+            target.write_text(text.replace(old, new, 1))
         failed = all(_red(copy, spec) for spec in mutation.tests)
     print(
         f"{mutation.name}: {'red as it must be' if failed else 'STILL GREEN - the test cannot fail'}"
     )
     return failed
+
+
+def _replacements(mutation: Mutation) -> list[tuple[str, str, str]]:
+    found = [(mutation.file, mutation.old, mutation.new)]
+    for extra in mutation.also:
+        if len(extra) == 2:
+            found.append((mutation.file, extra[0], extra[1]))
+        else:
+            found.append((extra[0], extra[1], extra[2]))
+    return found
 
 
 def _red(tree: Path, spec: str) -> bool:

@@ -7,6 +7,7 @@ half-written left anywhere near it).
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
@@ -16,6 +17,7 @@ import socket
 import ssl
 import stat
 import tarfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -477,6 +479,11 @@ ARCHIVE_ATTACKS = {
     "symlink pointing out": ([member("l", tarfile.SYMTYPE, "../../x")], {}, "bad-archive"),
     "absolute symlink": ([member("l", tarfile.SYMTYPE, "/etc/passwd")], {}, "bad-archive"),
     "hard link out": ([member("h", tarfile.LNKTYPE, "../../etc/passwd")], {}, "bad-archive"),
+    "hard link to a file already there": (
+        [member("h", tarfile.LNKTYPE, "already")],
+        {},
+        "bad-archive",
+    ),
     "device node": ([member("null", tarfile.CHRTYPE)], {}, "bad-archive"),
     "fifo": ([member("pipe", tarfile.FIFOTYPE)], {}, "bad-archive"),
     "setuid": ([member("su", mode=0o4755)], {"su": b"x"}, "bad-archive"),
@@ -525,6 +532,10 @@ def test_archive_unpacking_over_the_role_limit_is_refused(
     )
     big = tar_of([member("big")], {"big": all_bytes((FILE_MB << 20) + 4096)})
     assert refusal(put_archive(client, place / "n", big), 413) == "limit-exceeds-role"
+    # Compressed: a few kilobytes on the wire, over the limit once unpacked.
+    bomb = gzip.compress(tar_of([member("zeros")], {"zeros": bytes((FILE_MB << 20) + 1)}))
+    assert len(bomb) < 1 << 20
+    assert refusal(put_archive(client, place / "n", bomb), 413) == "limit-exceeds-role"
     assert snapshot(place) == before
 
 
@@ -583,3 +594,83 @@ def test_turn_writable_mount_inside_git_hooks_is_refused(
     turn = response.json()
     assert turn["state"] == "refused"
     assert turn["refusal"]["rule"] == "protected-path"
+
+
+# --- uploads and the request clock --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory: pytest.TempPathFactory, ca: trustme.CA) -> Iterator[Target]:
+    """A target that gives a request QUICK_S to arrive, and its body QUICK_S between parts."""
+    root = Path(canonical_path(tmp_path_factory.mktemp("quick")))
+    settings = make_settings(root, ca)
+    fast = settings.server.model_copy(update={"request_timeout_s": QUICK_S})
+    ca_file = root / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    with ServerThread(settings.model_copy(update={"server": fast})) as server:
+        yield Target(server.url, str(ca_file), settings, root / "ws")
+
+
+QUICK_S = 2.0
+
+
+def raw_request(target: Target, head: str, body: bytes) -> ssl.SSLSocket:
+    url = httpx.URL(target.url)
+    context = ssl.create_default_context(cafile=target.cacert)
+    conn = context.wrap_socket(
+        socket.create_connection((url.host, url.port)), server_hostname=url.host
+    )
+    conn.sendall(head.encode() + body)
+    return conn
+
+
+def test_files_upload_longer_than_the_request_clock_is_not_cut(
+    quick: Target, place_in_quick: Path
+) -> None:
+    """Parts keep coming, so the upload goes on past request_timeout_s in all."""
+
+    def slow() -> Iterator[bytes]:
+        for _ in range(int(QUICK_S * 2.5 / 0.2)):
+            time.sleep(0.2)
+            yield b"x" * 1000
+
+    with quick.client() as c:
+        response = put(c, place_in_quick / "slow", slow())
+    assert response.status_code == 200, response.text
+    assert (place_in_quick / "slow").stat().st_size == 1000 * int(QUICK_S * 2.5 / 0.2)
+
+
+def test_files_upload_that_stalls_is_ended_with_nothing_written(
+    quick: Target, place_in_quick: Path
+) -> None:
+    query = httpx.QueryParams({"role": "builder", "path": str(place_in_quick / "stalled")})
+    head = (
+        f"PUT /v1/files?{query} HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {BUILDER_TOKEN}\r\n"
+        "Content-Length: 100000\r\n\r\n"
+    )
+    with raw_request(quick, head, b"y" * 1000) as conn:
+        time.sleep(QUICK_S / 4)
+        conn.sendall(b"y" * 1000)  # the upload is under way: the route's own clock runs now
+        conn.settimeout(QUICK_S * 10)
+        answer = conn.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert os.listdir(place_in_quick) == []
+
+
+def test_a_turn_body_not_finished_in_time_is_still_closed(quick: Target) -> None:
+    """Only a file upload stops the request clock: another route's slow body is cut."""
+    head = (
+        f"POST /v1/turns HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {BUILDER_TOKEN}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+    )
+    with raw_request(quick, head, b'{"role": ') as conn:
+        conn.settimeout(QUICK_S * 10)
+        assert conn.recv(4096) == b""  # closed by the target, no answer
+
+
+@pytest.fixture
+def place_in_quick(quick: Target) -> Path:
+    path = quick.workspace / f"d-{uuid.uuid4().hex[:12]}"
+    path.mkdir()
+    os.chown(path, *quick.settings.role_ids("builder"))
+    return path
