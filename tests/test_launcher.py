@@ -360,6 +360,21 @@ def test_launcher_files_a_turn_creates_are_the_roles(host: Host, client: httpx.C
     assert host.as_server("-c", f"print(open({str(made)!r}).read(), end='')").stdout == "hi\n"
 
 
+def test_launcher_file_operations_act_as_the_role(host: Host, client: httpx.Client) -> None:
+    """A file written or read through /v1/files is the role's doing, through the launcher too."""
+    uid, _ = host.role_ids()
+    data = bytes(range(256)) * 4096
+    path = host.workspace() / "through-the-file-api"
+    query = {"role": "builder", "path": str(path)}
+    written = client.put("/v1/files", params=query, content=data)
+    assert written.status_code == 200, written.text
+    assert written.json()["uid"] == uid == path.stat().st_uid
+    assert client.get("/v1/files", params=query).content == data
+    refused = client.put("/v1/files", params={**query, "path": f"{host.workspace()}/.envrc"})
+    assert refused.status_code == 403
+    assert refused.json()["refusal"]["rule"] == "protected-path"
+
+
 def test_launcher_peer_credentials_on_a_workspace_socket_are_the_roles(
     host: Host, client: httpx.Client
 ) -> None:

@@ -31,17 +31,19 @@ everything moved.
 
 from __future__ import annotations
 
-import base64
-import contextlib
 import errno
 import json
 import os
 import posixpath
-import shutil
 import stat
 import sys
-import tarfile
-from typing import BinaryIO
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    # Annotations only: typing, tarfile and shutil are loaded where they are used (an
+    # archive), since every file operation pays this program's start.
+    import tarfile
+    from typing import BinaryIO
 
 REQUEST_VARIABLE = "PADDOCK_FILE_REQUEST"
 CHUNK = 1 << 20
@@ -178,6 +180,8 @@ def describe(name: str, st: os.stat_result, path: str | None = None) -> dict:
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
+        import base64
+
         raw = name.encode("utf-8", "surrogateescape")
         entry["name_b64"] = base64.b64encode(raw).decode()
     if path is not None and stat.S_ISLNK(st.st_mode):
@@ -203,6 +207,8 @@ def read_archive(request: dict) -> None:
     and devices are left out. Everything is looked at before the first byte
     is sent, so a refusal or an unreadable entry comes before any data.
     """
+    import tarfile
+
     root, out = request["path"], request["data_fd"]
     if not stat.S_ISDIR(os.lstat(root).st_mode):
         raise Failed("ENOTDIR", root, "is not a directory; fetch a file with GET /v1/files")
@@ -247,6 +253,8 @@ def _survey(root: str, limit: int) -> tuple[list, int, int]:
 
 
 def _add(archive: tarfile.TarFile, root: str, name: str, st: os.stat_result) -> None:
+    import tarfile
+
     path = posixpath.join(root, name)
     info = tarfile.TarInfo(name)
     info.mode = stat.S_IMODE(st.st_mode)
@@ -350,8 +358,11 @@ class Temporary:
 
     def discard(self) -> None:
         if self.name is not None:
-            with contextlib.suppress(OSError):
+            # Not contextlib.suppress: importing contextlib costs every operation's start.
+            try:  # noqa: SIM105 - see above
                 os.unlink(self.name, dir_fd=self.dir_fd)
+            except OSError:
+                pass
             self.name = None
         os.close(self.fd)
 
@@ -430,6 +441,8 @@ def check_archive(source: BinaryIO, request: dict, existing: str | None) -> Arch
     already there counts: no member may land under a symlink, or turn a
     directory into a file); None when the archive makes a new one.
     """
+    import tarfile
+
     try:
         archive = tarfile.open(fileobj=source, mode="r:*")  # noqa: SIM115 - kept by the plan
     except (tarfile.TarError, EOFError, OSError) as exc:
@@ -652,6 +665,8 @@ def _extract_and_place(plan: ArchivePlan, request: dict, base: str, base_fd: int
     finally:
         os.close(stage_fd)
         if not placed:
+            import shutil
+
             shutil.rmtree(posixpath.join(base, staging), ignore_errors=True)
 
 
@@ -759,6 +774,8 @@ class Merge:
             for fd in self.opened:
                 os.close(fd)
             os.close(self.aside_fd)
+            import shutil
+
             shutil.rmtree(posixpath.join(self.dest, self.aside_name), ignore_errors=True)
         return self.new_dirs
 
@@ -790,8 +807,10 @@ class Merge:
 
     def _undo(self) -> None:
         for from_fd, from_name, to_fd, to_name in reversed(self.journal):
-            with contextlib.suppress(OSError):
+            try:  # noqa: SIM105 - as in Temporary.discard
                 os.rename(to_name, from_name, src_dir_fd=to_fd, dst_dir_fd=from_fd)
+            except OSError:
+                pass
 
 
 OPERATIONS = {
