@@ -14,7 +14,10 @@ import pytest
 from conftest import BUILDER_TOKEN, Target
 
 from agent_side import targets_file
+from agent_side.api import AsyncTarget
+from agent_side.api import Target as PyTarget
 from agent_side.copy_command import Place, parse_place
+from agent_side.errors import FileFailed, FileRefused
 from agent_side.targets_file import StoredTarget
 
 CLI = [sys.executable, "-m", "agent_side.cli"]
@@ -218,3 +221,50 @@ def test_cp_names_a_stored_target_in_the_path(target: Target, place: Path, tmp_p
     result = paddock(target, str(local), f"files-box:{place}/f", env=env)
     assert result.returncode == 0, result.stderr
     assert (place / "f").read_text() == "stored"
+
+
+# --- the same from Python ------------------------------------------------------------------
+
+
+def api_target(target: Target) -> PyTarget:
+    return PyTarget.https(target.url, token=BUILDER_TOKEN, cacert=target.cacert)
+
+
+def test_target_reads_writes_and_lists_files(target: Target, place: Path) -> None:
+    data = all_bytes(1 << 20)
+    with api_target(target) as api:
+        written = api.write_file(str(place / "f.bin"), data, mode=0o600)
+        assert (written.size, written.mode, written.created) == (len(data), "0600", True)
+        assert api.read_file(str(place / "f.bin")) == data
+        with open(place / "f.bin", "rb") as source:  # a file object goes up as it is
+            api.write_file(str(place / "g.bin"), source)
+        listing = api.list_dir(str(place))
+        assert [(e.name, e.size) for e in listing.entries] == [
+            ("f.bin", len(data)),
+            ("g.bin", len(data)),
+        ]
+        with pytest.raises(FileRefused) as refused:
+            api.write_file(str(place / ".envrc"), b"export EVIL=1\n")
+        assert refused.value.refusal.rule == "protected-path"
+        with pytest.raises(FileFailed) as missing:
+            api.read_file(str(place / "nothing"))
+        assert missing.value.status == 404
+    assert not (place / ".envrc").exists()
+
+
+def test_target_sends_and_fetches_directories(target: Target, place: Path, tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "sub" / "x").write_bytes(all_bytes(5000))
+    with api_target(target) as api:
+        sent = api.put_dir(str(tree), str(place / "copy"))
+        assert (sent.created, sent.entries) == (True, 2)
+        assert api.get_dir(str(place / "copy"), str(tmp_path / "back")) == 2
+    assert content(tmp_path / "back") == content(tree)
+
+
+async def test_async_target_files(target: Target, place: Path) -> None:
+    async with AsyncTarget.https(target.url, token=BUILDER_TOKEN, cacert=target.cacert) as api:
+        await api.write_file(str(place / "a"), b"async")
+        assert await api.read_file(str(place / "a")) == b"async"
+        assert [e.name for e in (await api.list_dir(str(place))).entries] == ["a"]

@@ -7,6 +7,7 @@ half-written left anywhere near it).
 
 from __future__ import annotations
 
+import base64
 import gzip
 import hashlib
 import io
@@ -192,6 +193,35 @@ def test_files_get_of_a_missing_path_is_404_with_its_refusal(
     client: httpx.Client, place: Path
 ) -> None:
     assert refusal(get(client, place / "nothing"), 404) == "bad-mount"
+
+
+def test_files_get_over_the_role_limit_is_refused(client: httpx.Client, place: Path) -> None:
+    with open(place / "big", "wb") as big:
+        big.truncate((FILE_MB << 20) + 1)
+    assert refusal(get(client, place / "big")) == "limit-exceeds-role"
+
+
+def test_files_a_read_the_client_abandons_is_ended_and_recorded(
+    client: httpx.Client, target: Target, place: Path
+) -> None:
+    (place / "long").write_bytes(all_bytes(FILE_MB << 20))
+    query = {"role": "builder", "path": str(place / "long")}
+    with client.stream("GET", "/v1/files", params=query) as response:
+        assert response.status_code == 200
+        next(response.iter_bytes(1 << 16))
+    # The connection is dropped with most of the file unread: the fence ends, the slot frees.
+    assert wait_until(lambda: file_records(target, str(place / "long")) != [], timeout=20)
+    assert file_records(target, str(place / "long"))[-1]["outcome"] == "failed"
+
+
+def test_files_list_gives_names_that_are_not_utf8_as_bytes(
+    client: httpx.Client, place: Path
+) -> None:
+    os.close(os.open(os.path.join(os.fsencode(place), b"caf\xe9"), os.O_CREAT | os.O_WRONLY))
+    listing = FileListing.model_validate(get(client, place, list="true").json())
+    (entry,) = listing.entries
+    assert entry.name == "caf\ufffd"
+    assert entry.name_b64 is not None and base64.b64decode(entry.name_b64) == b"caf\xe9"
 
 
 def test_files_get_of_a_directory_is_409(client: httpx.Client, place: Path) -> None:

@@ -368,6 +368,7 @@ class FileService:
     def __init__(self, manager: TurnManager) -> None:
         self.manager = manager
         self._background: set[asyncio.Task[None]] = set()
+        self._active: set[HelperRun] = set()
 
     # --- the operations ----------------------------------------------------------------
 
@@ -456,6 +457,7 @@ class FileService:
             self.manager.release(role)
             raise
         run = HelperRun(self, plan, role)
+        self._active.add(run)
         run.facts = facts | {"resolved": plan.resolved, "uid": plan.fence.uid}
         declared = _declared_size(request)
         try:
@@ -517,6 +519,7 @@ class FileService:
         try:
             await run.close()
         finally:
+            self._active.discard(run)
             self.manager.release(run.role)
             facts = {k: v for k, v in run.facts.items() if k != "recorded"} | facts
             await self._record(facts, outcome)
@@ -535,7 +538,11 @@ class FileService:
             log.exception("file operation %s: the ledger record failed", facts.get("op_id"))
 
     async def stop(self) -> None:
-        """Let every file operation still ending be recorded (the target is stopping)."""
+        """End every file operation's fence (nothing commits without its word), and let each be
+        recorded: the target is stopping."""
+        for run in list(self._active):
+            if run.running is not None:
+                run.running.kill()
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
 
