@@ -339,13 +339,15 @@ def test_files_put_into_a_missing_directory_is_404(client: httpx.Client, place: 
 
 
 def test_files_put_over_the_role_limit_is_refused_with_nothing_left(
-    client: httpx.Client, place: Path
+    client: httpx.Client, target: Target, place: Path
 ) -> None:
     (place / "kept").write_bytes(b"old")
     before = snapshot(place)
     big = all_bytes((FILE_MB << 20) + 1)
     assert refusal(put(client, place / "kept", big), 413) == "limit-exceeds-role"
     assert snapshot(place) == before
+    (record,) = file_records(target, str(place / "kept"))
+    assert (record["outcome"], record["rule"]) == ("refused", "limit-exceeds-role")
 
 
 def test_files_streamed_put_over_the_role_limit_is_refused_with_nothing_left(
@@ -567,6 +569,17 @@ def test_archive_unpacking_over_the_role_limit_is_refused(
     assert len(bomb) < 1 << 20
     assert refusal(put_archive(client, place / "n", bomb), 413) == "limit-exceeds-role"
     assert snapshot(place) == before
+
+
+def test_archive_compressed_with_gzip_is_taken(client: httpx.Client, place: Path) -> None:
+    files = {f"d/f{i}": all_bytes(10_000 + i, seed=i) for i in range(5)}
+    body = gzip.compress(tar_of([member(name) for name in files], files))
+    response = put_archive(client, place / "z", body)
+    assert response.status_code == 200, response.text
+    assert ArchiveWritten.model_validate(response.json()).entries == 5
+    for name, data in files.items():
+        assert (place / "z" / name).read_bytes() == data
+    assert stat.S_IMODE((place / "z" / "d").stat().st_mode) == 0o755  # implied: 0755
 
 
 def test_archive_of_garbage_is_refused(client: httpx.Client, place: Path) -> None:

@@ -29,7 +29,7 @@ import logging
 import os
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Query, Request
@@ -136,13 +136,6 @@ ModeParam = Annotated[
 ]
 
 
-@dataclass(frozen=True)
-class Ready:
-    """What the helper reported once it had checked the path: an entry, or a summary."""
-
-    facts: dict[str, Any]
-
-
 class HelperRun:
     """One file operation's fence while it runs: the helper's reports, its data, its end."""
 
@@ -209,7 +202,9 @@ class HelperRun:
             *whole, self._line = self._line.split("\n")
             for line in whole:
                 with contextlib.suppress(ValueError):
-                    self.reports.put_nowait(json.loads(line))
+                    report = json.loads(line)
+                    if isinstance(report, dict):
+                        self.reports.put_nowait(report)
         elif kind == "stderr":
             self._stderr = (self._stderr + str(fields.get("data", "")).encode())[-4096:]
         elif kind == "notice":
@@ -389,8 +384,8 @@ class FileService:
         except ValidationError as exc:
             await self._end(run, "failed")
             raise FileOpFailed(500, "Internal error", "the listing came back malformed") from exc
-        except BaseException:
-            await self._end(run, "failed")
+        except BaseException as exc:
+            await self._end(run, _outcome_of(exc), **_cause_of(exc))
             raise
         run.facts["entries"] = done.get("entries")
         await self._end(run, "done")
@@ -467,8 +462,8 @@ class FileService:
         except RefusedError as refused:
             await self._end(run, "refused", rule=refused.refusal.rule)
             raise refused_error(refused.refusal) from None
-        except BaseException:
-            await self._end(run, "failed")
+        except BaseException as exc:
+            await self._end(run, _outcome_of(exc), **_cause_of(exc))
             raise
         return run
 
