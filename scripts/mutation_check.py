@@ -869,8 +869,8 @@ MUTATIONS += (
         ("tests/test_files.py -k over_the_role_limit",),
         also=(
             (
-                "                if size > limit:\n                    raise self.service",
-                "                if False:\n                    raise self.service",
+                "if size > limit:\n                        raise self.service",
+                "if False:\n                        raise self.service",
             ),
             ("target_side/fence/file_helper.py", "        if size > limit:", "        if False:"),
         ),
