@@ -52,14 +52,14 @@ MUTATIONS = (
     ),
     Mutation(
         "symlinks-not-followed",
-        "target_side/policy/plan.py",
-        "        resolved = resolve(subject, path)\n        self._check_forbidden(subject, path, resolved)",
-        "        resolved = posixpath.normpath(path)\n        self._check_forbidden(subject, path, resolved)",
+        "target_side/policy/mounts.py",
+        '        resolved = path if subject == "roles.home" else resolve(subject, path)',
+        '        resolved = path if subject == "roles.home" else posixpath.normpath(path)',
         ("tests/test_fence.py::test_fs_read_through_a_symlink_to_forbidden_path_is_refused",),
     ),
     Mutation(
         "workspace-unchecked",
-        "target_side/policy/plan.py",
+        "target_side/policy/mounts.py",
         "        if not any(is_within(resolved, w) for w in self.workspaces):",
         "        if False:",
         ("tests/test_fence.py -k outside_workspace or escaping",),
@@ -83,9 +83,9 @@ MUTATIONS = (
     ),
     Mutation(
         "root-inside",
-        "target_side/policy/plan.py",
-        "return (NOBODY, NOBODY) if uid == 0 else (uid, gid)",
-        "return (0, 0)",
+        "target_side/fence/launch.py",
+        '        "--uid",\n        str(plan.uid),\n',
+        '        "--uid",\n        "0",\n',
         ("tests/test_fence.py::test_fence_runs_as_non_root_without_capabilities",),
     ),
     Mutation(
@@ -97,21 +97,21 @@ MUTATIONS = (
     ),
     Mutation(
         "server-env-inherited",
-        "target_side/policy/plan.py",
+        "target_side/policy/environment.py",
         "    env |= {name: server_env[name] for name in INHERITED_ENV if name in server_env}",
-        "    env |= server_env",
+        "    env |= dict(server_env)",
         ("tests/test_fence.py::test_fence_env_is_the_allowlist",),
     ),
     Mutation(
         "bwrap-under-server-env",
-        "target_side/fence/runner.py",
-        "            env=env,\n",
-        "            env={**os.environ, **env},\n",
+        "target_side/fence/identity.py",
+        "            env=BWRAP_ENV,\n            pass_fds=tuple(pass_fds),",
+        "            env={**os.environ, **BWRAP_ENV},\n            pass_fds=tuple(pass_fds),",
         ("tests/test_fence.py::test_fence_env_hostile_server_env_never_arrives",),
     ),
     Mutation(
         "reserved-env-accepted",
-        "target_side/policy/plan.py",
+        "target_side/policy/environment.py",
         '        if name.startswith("PADDOCK_"):',
         "        if False:",
         ("tests/test_fence.py::test_reserved_env_name_is_refused",),
@@ -119,8 +119,8 @@ MUTATIONS = (
     Mutation(
         "git-hooks-writable",
         "target_side/policy/plan.py",
-        "    planner.protect_git()\n",
-        "",
+        "    audit = _protect(planner, settings)\n",
+        "    audit: dict[str, str | None] = {}\n",
         ("tests/test_fence.py::test_fence_git_hooks_stay_read_only",),
     ),
     Mutation(
@@ -167,8 +167,8 @@ MUTATIONS = (
     ),
     Mutation(
         "unlinked-source-reported-as-backend-failure",
-        "target_side/fence/runner.py",
-        """ or "Can't find source path /proc/self/fd/" in last""",
+        "target_side/fence/launch.py",
+        ' or "Can\'t find source path /proc/self/fd/" in last',
         "",
         ("tests/test_held_paths.py -k unlinked",),
     ),
@@ -181,7 +181,7 @@ MUTATIONS = (
     ),
     Mutation(
         "socket-mounts-allowed",
-        "target_side/policy/plan.py",
+        "target_side/policy/mounts.py",
         "        if stat.S_ISSOCK(st.st_mode):",
         "        if False:",
         ("tests/test_fence.py -k socket",),
@@ -218,14 +218,14 @@ MUTATIONS = (
     ),
     Mutation(
         "executable-trust-unchecked",
-        "target_side/policy/plan.py",
-        "    _check_trusted(given, resolved, st)\n",
-        "",
+        "target_side/policy/executables.py",
+        "    problem = trust.file_problem(st, uid)\n",
+        "    problem = None\n",
         ("tests/test_held_paths.py -k shim_in_world_writable or someone_else or group_writable",),
         also=(
+            ("    _check_directories(given, resolved, posixpath.dirname(resolved), uid)\n", ""),
             (
-                '    _check_directories(given, resolved, resolve("argv[0]", posixpath.dirname(candidate)))'
-                "\n",
+                '    _check_directories(given, resolved, resolve("argv[0]", posixpath.dirname(candidate)), uid)\n',
                 "",
             ),
         ),
@@ -233,8 +233,8 @@ MUTATIONS = (
     Mutation(
         "seccomp-filter-skipped",
         "target_side/fence/launch.py",
-        "            seccomp=_opened(opened, syscall_filter.filter_fd()),",
-        "            seccomp=None,",
+        "        seccomp = syscall_filter.filter_fd(network=plan.network)",
+        "        seccomp = None",
         ("tests/test_seccomp.py -k eperm or enosys",),
     ),
     Mutation(
@@ -436,8 +436,8 @@ MUTATIONS = (
     Mutation(
         "cursor-recorded-before-delivery",
         "agent_side/streaming.py",
-        "        self._show(event)\n        if self.cursor is not None and not self.pipe_broken:\n            self.cursor.delivered(event.seq)",
-        "        if self.cursor is not None:\n            self.cursor.delivered(event.seq)\n        self._show(event)",
+        "        self.show(event)\n        if self.cursor is not None and not self.pipe_broken:\n            self.cursor.delivered(event.seq)",
+        "        if self.cursor is not None:\n            self.cursor.delivered(event.seq)\n        self.show(event)",
         (
             "tests/test_cursors.py::test_logs_follow_into_a_closed_pipe_records_nothing_it_could_not_write",
         ),
@@ -548,8 +548,8 @@ MUTATIONS += (
     Mutation(
         "bwrap-under-the-turns-env",
         "target_side/fence/launch.py",
-        "plan.stdin_open, env=BWRAP_ENV",
-        "plan.stdin_open, env={**BWRAP_ENV, **plan.env}",
+        "        *prefix,\n",
+        '        *prefix,\n        "/usr/bin/env",\n        *(f"{k}={v}" for k, v in plan.env.items()),\n',
         (f"{HOST_EDGES} -k env_loader_variables or bwraps_command_line",),
     ),
     Mutation(
@@ -568,9 +568,9 @@ MUTATIONS += (
     ),
     Mutation(
         "supplementary-groups-kept",
-        "target_side/fence/launch.py",
-        "        extra_groups=[] if switch else None,",
-        "        extra_groups=None,",
+        "target_side/fence/identity.py",
+        "            extra_groups=[] if switch else None,",
+        "            extra_groups=None,",
         (f"{HOST_EDGES}::test_identity_files_a_turn_makes_belong_to_its_role",),
     ),
     Mutation(
@@ -590,8 +590,8 @@ MUTATIONS += (
     Mutation(
         "protected-names-audit-skipped",
         "target_side/service/turns.py",
-        "audit.enforce, plan.audit, plan.turn_id",
-        "audit.enforce, {}, plan.turn_id",
+        "plan.role, (plan.uid, plan.gid), plan.audit, plan.turn_id",
+        "plan.role, (plan.uid, plan.gid), {}, plan.turn_id",
         (
             f"{HOST_EDGES} -k redirection_created or hooks_missing or new_ones_at_the_top or symlink_repointed",
         ),

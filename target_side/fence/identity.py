@@ -117,9 +117,7 @@ class InProcess:
         stdin_open: bool,
     ) -> FenceProcess:
         uid, gid = ids
-        switch = {}
-        if (uid, gid) != (os.getuid(), os.getgid()):
-            switch = {"user": uid, "group": gid, "extra_groups": []}
+        switch = (uid, gid) != (os.getuid(), os.getgid())
         process = await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.PIPE if stdin_open else asyncio.subprocess.DEVNULL,
@@ -130,7 +128,9 @@ class InProcess:
             start_new_session=True,  # a Ctrl-C at the server's terminal is not the turn's
             close_fds=True,
             umask=TURN_UMASK,
-            **switch,
+            user=uid if switch else None,
+            group=gid if switch else None,
+            extra_groups=[] if switch else None,
         )
         return LocalProcess(process)
 

@@ -138,6 +138,12 @@ def host_ids(settings: Settings, role: str) -> tuple[int, int]:
     that for a private target (``[fence] identity = "server"``).
     """
     if settings.fence.identity == "server":
+        if os.getuid() == 0:
+            raise refusals.identity_unavailable(
+                role,
+                'identity = "server" would run it as root; a server running as root gives '
+                "every role its own uid: remove the key",
+            )
         return os.getuid(), os.getgid()
     uid, gid = settings.role_ids(role)
     if uid == os.getuid():
