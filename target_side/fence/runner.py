@@ -183,23 +183,11 @@ class RunningTurn:
 
     def _outcome(self, returncode: int) -> Outcome:
         wall = round(time.monotonic() - self._started_at, 6)
-        if self._spool_failure is not None:
+        failure = self._spool_failure or self._proc.lost
+        if failure is not None:
+            # The target lost the output's spool, or the process with its launcher.
             return Outcome(
-                ExitStatus.PADDOCK_FAILED,
-                None,
-                None,
-                wall,
-                self._truncated,
-                failure=self._spool_failure,
-            )
-        if self._proc.lost is not None:
-            return Outcome(
-                ExitStatus.PADDOCK_FAILED,
-                None,
-                None,
-                wall,
-                self._truncated,
-                failure=self._proc.lost,
+                ExitStatus.PADDOCK_FAILED, None, None, wall, self._truncated, failure=failure
             )
         if self._limit_failure is not None:
             refusal = refusals.backend_unavailable(self._limit_failure).refusal
