@@ -20,6 +20,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.config import JsonDict
 
 from shared.exit_status import ExitStatus
 
@@ -111,7 +112,7 @@ _Argv = Annotated[
     ),
 ]
 _Digest = Annotated[str, Field(json_schema_extra={"pattern": "^[0-9a-f]{64}$"})]
-_ONE_PROGRAM = {
+_ONE_PROGRAM: JsonDict = {
     "oneOf": [
         {
             "title": "a command",

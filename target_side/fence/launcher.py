@@ -59,6 +59,7 @@ import array
 import asyncio
 import contextlib
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -212,7 +213,11 @@ class Channel:
             if writable
             else (loop.add_reader, loop.remove_reader)
         )
-        add(fd, lambda: ready.done() or ready.set_result(None))
+        def wake() -> None:
+            if not ready.done():
+                ready.set_result(None)
+
+        add(fd, wake)
         try:
             await ready
         finally:
@@ -361,7 +366,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _read_until_eof(fd: int, timeout: float) -> bytes:
-    chunks = []
+    chunks: list[bytes] = []
     deadline = time.monotonic() + timeout
     while True:
         left = deadline - time.monotonic()
@@ -475,8 +480,8 @@ class Session:
         if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
             raise LauncherError("argv must be a list of strings")
         program = check_program(argv[0])
-        _check_targets(targets, len(fds))
-        pid = _start(program, argv, targets, fds, uid, gid)
+        places = _check_targets(targets, len(fds))
+        pid = _start(program, argv, places, fds, uid, gid)
         self.child = Child(pid, os.pidfd_open(pid), uid, gid)
         asyncio.get_running_loop().add_reader(self.child.pidfd, self._reap)
         log.info("role %s: started pid %d as uid %d gid %d", role, pid, uid, gid)
@@ -617,7 +622,8 @@ class Session:
         return {"moved": moved}
 
 
-def _check_targets(targets: object, count: int) -> None:
+def _check_targets(targets: object, count: int) -> list[int]:
+    """The numbers the sent descriptors must have in the child, once checked."""
     if (
         not isinstance(targets, list)
         or len(targets) != count
@@ -629,6 +635,7 @@ def _check_targets(targets: object, count: int) -> None:
             "fds must give a distinct number below 65536 for each descriptor sent, 0, 1 and 2 "
             "among them"
         )
+    return list(targets)
 
 
 def _said(exc: BaseException) -> str:
@@ -795,7 +802,7 @@ async def _accept(listener: socket.socket, grants: Grants, sessions: set[Session
         session = Session(channel, grants)
         sessions.add(session)
         task = loop.create_task(session.run())
-        task.add_done_callback(lambda _, s=session: sessions.discard(s))
+        task.add_done_callback(functools.partial(_forget, sessions, session))
 
 
 async def _refuse(channel: Channel, uid: int, server: int) -> None:
@@ -826,3 +833,7 @@ def main(config: Path) -> int:
         print(f"paddock-target launcher: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _forget(sessions: set[Session], session: Session, _task: object) -> None:
+    sessions.discard(session)

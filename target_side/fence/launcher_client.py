@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import socket
 from collections import deque
@@ -172,7 +173,7 @@ class LaunchedProcess:
         for fd in ours:
             reader = asyncio.StreamReader()
             await loop.connect_read_pipe(
-                lambda r=reader: asyncio.StreamReaderProtocol(r), os.fdopen(fd, "rb", 0)
+                functools.partial(asyncio.StreamReaderProtocol, reader), os.fdopen(fd, "rb", 0)
             )
             readers.append(reader)
         self.stdout, self.stderr = readers
