@@ -134,7 +134,7 @@ SeatName = Annotated[
     AfterValidator(_seat_text),
 ]
 LeaseId = Annotated[str, Field(pattern=_LEASE_ID_SHAPE, description="`l-` and 32 hex digits")]
-Generation = Annotated[int, Field(ge=1, lt=2**63)]
+Generation = Annotated[int, Field(ge=1)]
 
 
 class LeaseRef(Wire):
@@ -480,6 +480,7 @@ class LeaseRequest(Wire):
     ttl_s: float = Field(default=60.0, gt=0, le=MAX_LEASE_TTL_S)
     supersede: bool = Field(
         default=False,
+        strict=True,  # a boolean, not 0 or "false"
         description="take the seat even while another lease holds it: that one is superseded",
     )
 

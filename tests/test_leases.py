@@ -122,7 +122,7 @@ async def test_lease_expiry_by_the_clock_frees_the_seat(tmp_path: Path) -> None:
     clock.advance(9)
     book.admit("builder", old.ref)
     clock.advance(1)
-    assert "expired" in _refusal(book, old.ref)
+    assert "lapsed" in _refusal(book, old.ref)
     assert book.get(old.lease_id, BUILDER).state == "expired"
     assert await book.expire_due() is None
     new = await book.take("builder", "seat-a", 10, supersede=False)
@@ -167,9 +167,24 @@ async def test_lease_release_frees_the_seat_and_ends_the_lease(tmp_path: Path) -
     released = await book.release(lease.lease_id, BUILDER)
     assert released.state == "released"
     assert "released" in _refusal(book, lease.ref)
-    assert (await book.release(lease.lease_id, BUILDER)).state == "released"  # idempotent
-    assert (await book.take("builder", "seat-a", 60, supersede=False)).generation == 2
-    assert _lease_events(ledger) == [("grant", 1), ("release", 1), ("grant", 2)]
+    with pytest.raises(UnknownLease):  # forgotten: the seat keeps only its generation
+        await book.release(lease.lease_id, BUILDER)
+    assert book.listed(BUILDER) == []
+    again = await book.take("builder", "seat-a", 60, supersede=False)
+    assert again.generation == 2
+    # A superseded lease released by its zombie leaves the current holder be.
+    newer = await book.take("builder", "seat-a", 60, supersede=True)
+    assert (await book.release(again.lease_id, BUILDER)).state == "superseded"
+    book.admit("builder", newer.ref)
+    assert [lease.lease_id for lease in book.listed(BUILDER)] == [newer.lease_id]
+    assert _lease_events(ledger) == [
+        ("grant", 1),
+        ("release", 1),
+        ("grant", 2),
+        ("supersede", 2),
+        ("grant", 3),
+        ("release", 2),
+    ]
 
 
 async def test_lease_of_another_role_or_seat_or_generation_is_refused(tmp_path: Path) -> None:
@@ -299,6 +314,7 @@ def test_lease_zombie_turn_is_refused_while_its_replacement_runs(target: Target)
         )
         assert plan.json()["refusal"]["rule"] == "stale-lease"
         assert _lease(zombie.delete(f"/v1/leases/{first.lease_id}")).state == "superseded"
+        assert zombie.get(f"/v1/leases/{first.lease_id}").status_code == 404
         assert _lease(replacement.get(f"/v1/leases/{second.lease_id}")).state == "held"
 
 
@@ -313,6 +329,8 @@ def test_lease_held_seat_is_409_naming_the_holder(target: Target) -> None:
         assert body["expires_at"] == held.expires_at.isoformat()
         assert held.lease_id not in again.text  # the holder's id is not handed out
         assert _lease(c.delete(f"/v1/leases/{held.lease_id}")).state == "released"
+        assert c.get(f"/v1/leases/{held.lease_id}").status_code == 404
+        assert c.delete(f"/v1/leases/{held.lease_id}").status_code == 404
         assert _lease(_take(c, "busy-seat")).generation == 2
 
 

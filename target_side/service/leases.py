@@ -11,7 +11,9 @@ generation is a fencing token).
 
 Only the seat's *current* lease can be held: an older one is superseded by
 the generation alone, whatever else is recorded of it, and neither renews
-nor admits anything.
+nor admits anything. Releasing a lease (``DELETE``) gives its seat up if it
+held it, and forgets the lease: the seat keeps its generation, and a request
+naming that lease is refused as one naming no lease at all.
 
 What is kept, and why both:
 
@@ -22,7 +24,7 @@ A seat's file is written (atomically) before a grant, renewal or release is
 answered; a write the disk refuses answers 503 and changes nothing. The
 ledger records every change as well. A target that starts takes both and
 keeps the higher of each: the highest generation either has seen, the later
-expiry, an end either recorded. So generations never go back across a
+expiry, a lapse either recorded. So generations never go back across a
 restart, a lost or torn seat file, or a ledger repaired short of its last
 records. Expiries are noticed by the clock (passed in, so tests set it) and
 recorded as they come due.
@@ -40,11 +42,11 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from shared.wire import Lease, LeaseRef
+from shared.wire import Lease, LeaseRef, LeaseState
 from target_side.config import Settings
 from target_side.errors import (
     LeaseEnded,
@@ -87,8 +89,8 @@ class Grant(BaseModel):
     ttl_s: float
     granted_at: datetime
     expires_at: datetime
-    ended: Literal["released", "expired"] | None = None
-    ended_at: datetime | None = None
+    lapsed: bool = False
+    """Its expiry was recorded: it lapsed at ``expires_at``, unrenewed."""
 
 
 class Seat(BaseModel):
@@ -107,7 +109,7 @@ class Seat(BaseModel):
 
     @property
     def current(self) -> Grant | None:
-        """The grant of the seat's current generation (held, or since released or lapsed)."""
+        """The grant of the seat's current generation (held, or lapsed); None once released."""
         last = self.grants[-1] if self.grants else None
         return last if last is not None and last.generation == self.generation else None
 
@@ -120,6 +122,11 @@ class Seat(BaseModel):
         grants = sorted([*kept, grant], key=lambda g: g.generation)[-KEEP_GRANTS:]
         generation = max(self.generation, grant.generation)
         return self.model_copy(update={"generation": generation, "grants": tuple(grants)})
+
+    def without(self, lease_id: str) -> Seat:
+        """This seat with the grant ``lease_id`` forgotten; its generation stays."""
+        kept = tuple(g for g in self.grants if g.lease_id != lease_id)
+        return self.model_copy(update={"grants": kept})
 
 
 def seat_file_name(role: str, name: str) -> str:
@@ -224,8 +231,8 @@ class LeaseBook:
         if seat is None or grant is None or seat.role != role:
             raise refusals.stale_lease(
                 "lease.lease_id",
-                f"no lease {lease.lease_id} of role {role!r} on this target; take one "
-                "(paddock lease take) and name it",
+                f"no lease {lease.lease_id} of role {role!r} on this target (never granted "
+                "here, or released); take one (paddock lease take) and name it",
             )
         if lease.seat != seat.name:
             raise refusals.stale_lease(
@@ -240,13 +247,12 @@ class LeaseBook:
                 f"the seat is at generation {seat.generation}, taken over by a newer holder; "
                 "stop acting for this seat, or take it back (supersede)",
             )
-        now = self._clock()
-        if grant.ended is not None or grant.expires_at <= now:
-            how = grant.ended or "expired"
+        if grant.lapsed or grant.expires_at <= self._clock():
             raise refusals.stale_lease(
                 "lease",
-                f"lease {lease.lease_id} on seat {seat.name!r} has {how}; take the seat again "
-                "(renew a lease before its ttl_s passes)",
+                f"lease {lease.lease_id} on seat {seat.name!r} lapsed at "
+                f"{_iso(grant.expires_at)}; take the seat again, and renew a lease before its "
+                "ttl_s passes",
             )
 
     # --- take, renew, release, look -------------------------------------------------------------
@@ -260,7 +266,7 @@ class LeaseBook:
             seat = self._seats.get((role, name)) or Seat(role=role, name=name)
             current = seat.current
             ending: list[tuple[str, Grant]] = []
-            if current is not None and current.ended is None:
+            if current is not None and not current.lapsed:
                 if current.expires_at > now and not supersede:
                     raise SeatHeld(
                         f"seat {name!r} of role {role!r} is held by generation "
@@ -273,8 +279,7 @@ class LeaseBook:
                 if current.expires_at > now:
                     ending.append(("supersede", current))
                 else:
-                    current = _ended(current, "expired", current.expires_at)
-                    seat = seat.with_grant(current)
+                    seat = seat.with_grant(current.model_copy(update={"lapsed": True}))
                     ending.append(("expire", current))
             grant = Grant(
                 lease_id=f"l-{uuid.uuid4().hex}",
@@ -302,50 +307,50 @@ class LeaseBook:
                     f"{seat.generation}; a superseded lease is never renewed",
                     "superseded",
                 )
-            if grant.ended is None and grant.expires_at <= now:
-                await self._end(seat, grant, "expired", grant.expires_at)
-                grant = _ended(grant, "expired", grant.expires_at)
-            if grant.ended is not None:
+            if grant.expires_at <= now:
+                if not grant.lapsed:
+                    await self._lapse(seat, grant)
                 raise LeaseEnded(
-                    f"lease {lease_id} on seat {seat.name!r} was {grant.ended} at "
-                    f"{_iso(grant.ended_at or now)}; take the seat again",
-                    grant.ended,
+                    f"lease {lease_id} on seat {seat.name!r} lapsed at {_iso(grant.expires_at)}; "
+                    "take the seat again",
+                    "expired",
                 )
             ttl = grant.ttl_s if ttl_s is None else ttl_s
-            grant = grant.model_copy(
+            renewed = grant.model_copy(
                 update={"ttl_s": ttl, "expires_at": now + timedelta(seconds=ttl)}
             )
-            seat = seat.with_grant(grant)
+            seat = seat.with_grant(renewed)
             await self._save(seat)
-            await self._note("renew", seat, grant)
-            return view(seat, grant, now)
+            await self._note("renew", seat, renewed)
+            return view(seat, renewed, now)
 
     async def release(self, lease_id: str, roles: frozenset[str]) -> Lease:
-        """End a held lease now; a lease that no longer holds its seat is answered as it is."""
+        """Give the seat up if this lease holds it, and forget the lease; answers its last state.
+
+        A superseded or lapsed lease is forgotten the same way, and its seat
+        (held by another, or free) is left as it is.
+        """
         async with self._lock:
             seat, grant = self._visible(lease_id, roles)
             now = self._clock()
-            if grant.generation == seat.generation and grant.ended is None:
-                if grant.expires_at <= now:
-                    grant = await self._end(seat, grant, "expired", grant.expires_at)
-                else:
-                    ended = _ended(grant, "released", now)
-                    await self._save(seat.with_grant(ended))
-                    await self._note("release", self._seats[seat.key], ended)
-                    grant = ended
-            return view(self._seats[seat.key], grant, now)
+            was = view(seat, grant, now)
+            await self._save(seat.without(lease_id))
+            await self._note("release", seat, grant, was=was.state)
+            if was.state == "held":
+                return was.model_copy(update={"state": "released", "ended_at": now})
+            return was
 
     def get(self, lease_id: str, roles: frozenset[str]) -> Lease:
         seat, grant = self._visible(lease_id, roles)
         return view(seat, grant, self._clock())
 
     def listed(self, roles: frozenset[str]) -> list[Lease]:
-        """The latest lease of every seat of ``roles``, by role and seat."""
+        """The current lease of every seat of ``roles`` (held, or lapsed), by role and seat."""
         now = self._clock()
         return [
-            view(seat, seat.grants[-1], now)
+            view(seat, current, now)
             for key, seat in sorted(self._seats.items())
-            if key[0] in roles and seat.grants
+            if key[0] in roles and (current := seat.current) is not None
         ]
 
     def _visible(self, lease_id: str, roles: frozenset[str]) -> tuple[Seat, Grant]:
@@ -368,9 +373,9 @@ class LeaseBook:
                 seat = self._seats.get(key) if key is not None else None
                 current = seat.current if seat is not None else None
                 if seat is None or current is None or current.lease_id != lease_id:
-                    continue  # superseded, or forgotten: nothing lapses
-                if current.ended is None and current.expires_at <= now:
-                    await self._end(seat, current, "expired", current.expires_at, durable=False)
+                    continue  # superseded or released: nothing lapses
+                if not current.lapsed and current.expires_at <= now:
+                    await self._lapse(seat, current, durable=False)
             if not self._due:
                 return None
             return max((self._due[0][0] - now).total_seconds(), 0.0)
@@ -388,49 +393,36 @@ class LeaseBook:
 
     # --- keeping ----------------------------------------------------------------------------------
 
-    async def _end(
-        self,
-        seat: Seat,
-        grant: Grant,
-        how: Literal["released", "expired"],
-        at: datetime,
-        *,
-        durable: bool = True,
-    ) -> Grant:
-        """Record ``grant`` as ended; an expiry the disk refuses is still recorded in memory."""
-        ended = _ended(grant, how, at)
-        changed = seat.with_grant(ended)
+    async def _lapse(self, seat: Seat, grant: Grant, *, durable: bool = True) -> None:
+        """Record that ``grant`` lapsed; one the disk refuses is still recorded in memory."""
+        changed = seat.with_grant(grant.model_copy(update={"lapsed": True}))
         try:
             await self._save(changed)
         except TargetUnavailable:
             if durable:
                 raise
-            # The clock says it lapsed whatever the file says; the next start finds it lapsed.
+            # The clock says it lapsed, whatever the file says; the next start finds it so too.
             self._install(changed)
-        await self._note("expire" if how == "expired" else "release", changed, ended)
-        return ended
+        await self._note("expire", changed, grant)
 
     async def _save(self, seat: Seat) -> None:
         """Write the seat's file, then make it the seat; a refused write changes nothing (503)."""
         try:
             await asyncio.to_thread(self._write, seat)
         except OSError as exc:
-            failure = StorageError(
-                f"{self._dir}: a lease could not be written ({exc.strerror or exc})"
-            )
-            self._storage_failed(failure)
+            why = exc.strerror or str(exc)
+            self._storage_failed(StorageError(f"{self._dir}: a lease could not be written ({why})"))
             raise TargetUnavailable(
-                f"the target's state disk refused the lease ({exc.strerror or exc}); "
-                "nothing was changed: ask again once it takes writes",
+                f"the target's state disk refused the lease ({why}); nothing was changed: "
+                "ask again once it takes writes",
                 "disk",
                 DISK_RETRY_AFTER_S,
             ) from exc
         self._install(seat)
 
     def _write(self, seat: Seat) -> None:
-        write_atomic(
-            self._dir / seat_file_name(seat.role, seat.name), seat.model_dump_json().encode()
-        )
+        path = self._dir / seat_file_name(seat.role, seat.name)
+        write_atomic(path, seat.model_dump_json().encode())
 
     def _install(self, seat: Seat) -> None:
         old = self._seats.get(seat.key)
@@ -443,7 +435,7 @@ class LeaseBook:
             if gone.lease_id not in kept:
                 self._by_id.pop(gone.lease_id, None)
         current = seat.current
-        if current is not None and current.ended is None:
+        if current is not None and not current.lapsed:
             heapq.heappush(self._due, (current.expires_at, current.lease_id))
             self._changed.set()
 
@@ -459,42 +451,32 @@ class LeaseBook:
             "granted_at": _iso(grant.granted_at),
             "expires_at": _iso(grant.expires_at),
         }
-        if grant.ended_at is not None:
-            facts["ended_at"] = _iso(grant.ended_at)
         await self._record("lease", event=event, lease=facts, **extra)
 
 
 def view(seat: Seat, grant: Grant, now: datetime) -> Lease:
     """The wire ``Lease``: its state as of ``now``."""
-    state: str
-    ended_at = grant.ended_at
-    if grant.ended is not None:
-        state = grant.ended
+    state: LeaseState = "held"
+    ended_at = None
+    if grant.lapsed:
+        state, ended_at = "expired", grant.expires_at
     elif grant.generation != seat.generation:
         state = "superseded"
         after = [g.granted_at for g in seat.grants if g.generation > grant.generation]
         ended_at = min(after) if after else None
     elif grant.expires_at <= now:
         state, ended_at = "expired", grant.expires_at
-    else:
-        state = "held"
-    return Lease.model_validate(
-        {
-            "lease_id": grant.lease_id,
-            "role": seat.role,
-            "seat": seat.name,
-            "generation": grant.generation,
-            "state": state,
-            "ttl_s": grant.ttl_s,
-            "granted_at": grant.granted_at,
-            "expires_at": grant.expires_at,
-            "ended_at": ended_at,
-        }
+    return Lease(
+        lease_id=grant.lease_id,
+        role=seat.role,
+        seat=seat.name,
+        generation=grant.generation,
+        state=state,
+        ttl_s=grant.ttl_s,
+        granted_at=grant.granted_at,
+        expires_at=grant.expires_at,
+        ended_at=ended_at,
     )
-
-
-def _ended(grant: Grant, how: Literal["released", "expired"], at: datetime) -> Grant:
-    return grant.model_copy(update={"ended": how, "ended_at": at})
 
 
 def _iso(moment: datetime) -> str:
@@ -536,10 +518,6 @@ class _Facts(BaseModel):
     ttl_s: float
     granted_at: datetime
     expires_at: datetime
-    ended_at: datetime | None = None
-
-
-_ENDS: dict[str, Literal["released", "expired"]] = {"release": "released", "expire": "expired"}
 
 
 def _fold_ledger(records: Iterable[dict[str, Any]]) -> dict[tuple[str, str], Seat]:
@@ -553,19 +531,18 @@ def _fold_ledger(records: Iterable[dict[str, Any]]) -> dict[tuple[str, str], Sea
                 "ledger record %s is not a lease record this target reads", record.get("seq")
             )
             continue
+        event = record.get("event")
         grant = Grant(
             lease_id=facts.lease_id,
             generation=facts.generation,
             ttl_s=facts.ttl_s,
             granted_at=facts.granted_at,
             expires_at=facts.expires_at,
+            lapsed=event == "expire",
         )
-        how = _ENDS.get(str(record.get("event")))
-        if how is not None:
-            grant = _ended(grant, how, facts.ended_at or facts.expires_at)
-        key = (facts.role, facts.seat)
         told = Seat(role=facts.role, name=facts.seat, generation=grant.generation, grants=(grant,))
-        seats[key] = _merge(seats.get(key), told)
+        seat = _merge(seats.get(told.key), told)
+        seats[told.key] = seat.without(grant.lease_id) if event == "release" else seat
     return seats
 
 
@@ -586,11 +563,6 @@ def _merge(first: Seat | None, second: Seat | None) -> Seat:
 
 
 def _later(a: Grant, b: Grant) -> Grant:
-    """The later of two records of one grant: the later expiry, and an end if either has one."""
-    expires = max(a.expires_at, b.expires_at)
-    ttl = a.ttl_s if a.expires_at >= b.expires_at else b.ttl_s
-    ended = a if a.ended is not None else b if b.ended is not None else None
-    update: dict[str, Any] = {"expires_at": expires, "ttl_s": ttl}
-    if ended is not None:
-        update |= {"ended": ended.ended, "ended_at": ended.ended_at}
-    return a.model_copy(update=update)
+    """The later of two records of one grant: the later expiry, lapsed if either says so."""
+    later = a if a.expires_at >= b.expires_at else b
+    return later.model_copy(update={"lapsed": a.lapsed or b.lapsed})
