@@ -387,6 +387,18 @@ class AsyncTarget:
     async def health(self) -> Health:
         return await self._call(self.target.health)
 
+    async def lease(
+        self,
+        seat: str | None = None,
+        ttl_s: float = 60.0,
+        *,
+        supersede: bool = False,
+        role: str | None = None,
+    ) -> HeldLease:
+        """Like ``Target.lease``, awaited: ``async with await target.lease(seat) as held:``."""
+        take = functools.partial(self.target.lease, seat, ttl_s, supersede=supersede, role=role)
+        return await self._call(take)
+
     async def run(
         self,
         argv: Sequence[str],

@@ -182,6 +182,19 @@ class HeldLease:
     ) -> None:
         self.close()
 
+    async def __aenter__(self) -> HeldLease:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        import asyncio
+
+        await asyncio.to_thread(self.close)  # the release is a request: not on the event loop
+
     def __repr__(self) -> str:
         lease = self.lease
         state = "lost" if self.lost is not None else "held" if self.held else "closed"

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import BUILDER_TOKEN, Target, wait_until
 
+from agent_side.api import AsyncTarget
 from agent_side.api import Target as ApiTarget
 from agent_side.client import TargetClient
 from agent_side.errors import LeaseLost, SeatTaken, UsageError
@@ -186,3 +187,18 @@ def test_python_lease_superseded_is_lost_and_its_turns_refused(target: Target) -
                 api.lease(_seat())  # one lease per Target at a time
         # A lost lease is not released on leaving: the seat stays its newer holder's.
         assert rival.lease(newer.lease_id).state == "held"
+
+
+async def test_async_target_lease_carries_it_and_releases_it(target: Target) -> None:
+    seat = _seat()
+    options = {"token": BUILDER_TOKEN, "cacert": target.cacert, "role": "builder"}
+    async with AsyncTarget.https(target.url, **options) as api:
+        async with await api.lease(seat, ttl_s=30) as held:
+            result = await api.run(["sh", "-c", SHOW])
+            assert (result.exit_code, result.stdout) == (0, f"{seat} 1\n".encode())
+            lease_id = held.lease.lease_id
+        with (
+            TargetClient(target.url, BUILDER_TOKEN, cacert=target.cacert) as client,
+            pytest.raises(LeaseLost),
+        ):
+            client.lease(lease_id)

@@ -433,6 +433,7 @@ def test_lease_records_are_in_the_ledger_and_generations_survive_a_restart(
         assert _take(c, "kept").status_code == 409
         assert _lease(_take(c, "kept", supersede=True)).generation == 5
         assert run(c, ["true"], lease=_ref(fourth))[0].refusal is not None
+        assert c.get("/v1/turns").status_code == 200  # lease records are no turns to list
     records = [
         json.loads(line) for line in (settings.state_root / "ledger.jsonl").read_text().splitlines()
     ]
