@@ -22,6 +22,12 @@ Over SSH, an HTTPS listener's certificate is checked against ``cacert`` when
 given, else against the CA the target host keeps at ``remote_cacert`` (where
 ``paddock deploy`` puts it), read over the SSH connection already verified.
 
+``with target.lease(seat, ttl_s=60) as held:`` takes a lease on a seat (by
+default the role's first workspace), renews it in the background, and
+releases it at the end; every turn the target runs meanwhile carries it, so
+the target refuses them once a newer holder has superseded it
+(``held.lost`` then says so).
+
 With ``cursors=CursorStore.for_user(os.environ, url)`` a ``Target`` records,
 per turn, the last event handed to ``on_event`` (once the callback returned),
 as ``paddock run`` does for what it prints; ``attach(turn_id)`` goes on from
@@ -50,6 +56,7 @@ from agent_side.client import DEFAULT_TIMEOUT, TargetClient, pinned_tls_context,
 from agent_side.cursors import Cursor, CursorStore
 from agent_side.defaults import DEFAULT_SSH_TARGET, REMOTE_CA
 from agent_side.errors import AgentError, UsageError
+from agent_side.leases import HeldLease
 from agent_side.turns import Finished, drive, follow_turn, new_request, output_bytes, sole_role
 from shared.net import is_loopback
 from shared.wire import Event, Health, OutputEvent, Refusal, Turn, TurnRequest
@@ -101,6 +108,7 @@ class Target:
         self._role = role
         self._ssh = ssh
         self._cursors = cursors
+        self._held: HeldLease | None = None
 
     @classmethod
     def https(
@@ -236,6 +244,32 @@ class Target:
         )
         return self.run_request(request, on_event=on_event)
 
+    def lease(
+        self,
+        seat: str | None = None,
+        ttl_s: float = 60.0,
+        *,
+        supersede: bool = False,
+        role: str | None = None,
+    ) -> HeldLease:
+        """Take a lease on ``seat``, renewed in the background; turns run meanwhile carry it.
+
+        Use as a context manager (leaving it releases the lease). ``SeatTaken``
+        while another lease holds the seat, unless ``supersede``.
+        """
+        if self._held is not None:
+            raise UsageError(
+                f"this Target already holds lease {self._held.lease.lease_id}; release it "
+                "first, or open another Target for a second seat"
+            )
+        lease = self._client.take_lease(role or self.role, seat, ttl_s, supersede=supersede)
+        self._held = HeldLease(self._client, lease, on_close=self._lease_closed)
+        return self._held.start()
+
+    def _lease_closed(self, held: HeldLease) -> None:
+        if self._held is held:
+            self._held = None
+
     def run_request(
         self,
         request: TurnRequest,
@@ -243,7 +277,13 @@ class Target:
         on_event: Callable[[Event], None] | None = None,
         on_submitted: Callable[[str], None] | None = None,
     ) -> RunResult:
-        """Run a prepared ``TurnRequest``; ``on_submitted`` gets the turn id once it exists."""
+        """Run a prepared ``TurnRequest``; ``on_submitted`` gets the turn id once it exists.
+
+        A request naming no lease carries the one this target holds for its role, if any.
+        """
+        held = self._held
+        if request.lease is None and held is not None and held.lease.role == request.role:
+            request = request.model_copy(update={"lease": held.ref})
         output = _Collector(on_event)
 
         def submitted(turn_id: str) -> None:
@@ -280,8 +320,10 @@ class Target:
         return output.result(finished)
 
     def close(self) -> None:
-        """Close the HTTP pool, then the SSH connection under it."""
+        """Release a lease still held, close the HTTP pool, then the SSH connection under it."""
         try:
+            if self._held is not None:
+                self._held.close()
             self._client.close()
         finally:
             if self._ssh is not None:
@@ -344,6 +386,18 @@ class AsyncTarget:
 
     async def health(self) -> Health:
         return await self._call(self.target.health)
+
+    async def lease(
+        self,
+        seat: str | None = None,
+        ttl_s: float = 60.0,
+        *,
+        supersede: bool = False,
+        role: str | None = None,
+    ) -> HeldLease:
+        """Like ``Target.lease``, awaited: ``async with await target.lease(seat) as held:``."""
+        take = functools.partial(self.target.lease, seat, ttl_s, supersede=supersede, role=role)
+        return await self._call(take)
 
     async def run(
         self,

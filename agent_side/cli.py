@@ -9,7 +9,7 @@
     paddock logs TURN [--follow [--from-start]]     paddock attach TURN [--from-start]
     paddock turns [--limit N]        paddock kill TURN               paddock health
     paddock status [NAME ...]        paddock deploy USER@HOST[:PORT] ... | --inventory F
-    paddock mux status|stop
+    paddock mux status|stop          paddock lease take|renew|release|show
 
 The jobs live in their own modules: ``connection`` (where the target, token,
 CA and role come from, and opening the target), ``request_options`` (the turn
@@ -43,6 +43,7 @@ from typing import Any, NoReturn
 from agent_side.defaults import DEFAULT_SSH_TARGET, REMOTE_CA
 from agent_side.deploy_command import add_deploy_parser
 from agent_side.errors import AgentError, UsageError
+from agent_side.lease_command import add_lease_parser
 from agent_side.mux.command import add_mux_parser, add_run_options, run_handler
 from agent_side.stdio import BROKEN_PIPE, INTERRUPTED, StopWaiting, silence_stdout
 from agent_side.views import say
@@ -248,6 +249,7 @@ def build_parser(command: str | None = None) -> CommandParser:
 
     add_deploy_parser(subcommands, options=command in (None, "deploy"))
     add_mux_parser(subcommands, _add_target_options)
+    add_lease_parser(subcommands, _add_target_options, _add_token_option, _positive_seconds)
     return parser
 
 
@@ -365,6 +367,11 @@ def _add_request_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--read", action="append", default=[], metavar="P", help="read-only path")
     parser.add_argument("--net", action="store_true", help="share the host's network")
     parser.add_argument("--timeout", type=_positive_seconds, metavar="S", help="wall-time limit")
+    parser.add_argument(
+        "--lease",
+        metavar="ID",
+        help="act under the lease ID that 'paddock lease take' took (its seat and generation)",
+    )
 
 
 def _positive_seconds(text: str) -> float:

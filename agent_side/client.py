@@ -29,8 +29,10 @@ from agent_side.errors import (
     AgentError,
     AuthRejected,
     ConnectionDropped,
+    LeaseLost,
     ProtocolError,
     RequestRejected,
+    SeatTaken,
     ServiceUnavailable,
     TargetBusy,
     TargetUnreachable,
@@ -50,8 +52,11 @@ from shared.wire import (
     TERMINAL_KINDS,
     Event,
     Health,
+    Lease,
+    LeaseRequest,
     PlanResult,
     Problem,
+    RenewRequest,
     RoleList,
     SignalRequest,
     Turn,
@@ -66,6 +71,10 @@ _Model = TypeVar("_Model", bound=BaseModel)
 
 class _TurnList(RootModel[list[Turn]]):
     """The body of ``GET /v1/turns``."""
+
+
+class _LeaseList(RootModel[list[Lease]]):
+    """The body of ``GET /v1/leases``."""
 
 
 _MAX_SHOWN_BODY = 200
@@ -174,8 +183,14 @@ class TargetClient:
         """The target's health; needs no token."""
         return self._model(Health, self._request("GET", "/v1/health", auth=False), 200)
 
-    def submit(self, request: TurnRequest, idempotency_key: str | None = None) -> Turn:
-        """Start a turn. With ``idempotency_key``, a dropped exchange is retried safely."""
+    def submit(
+        self, request: TurnRequest, idempotency_key: str | None = None, *, wait_busy: bool = True
+    ) -> Turn:
+        """Start a turn. With ``idempotency_key``, a dropped exchange is retried safely.
+
+        A target at its cap (429) is asked again after its Retry-After, unless
+        ``wait_busy`` is False: then ``TargetBusy`` says so at once (a pool tries another).
+        """
         headers = {} if idempotency_key is None else {"Idempotency-Key": idempotency_key}
         body = request.model_dump_json(exclude_none=True).encode()
 
@@ -187,7 +202,7 @@ class TargetClient:
         dropped: tuple[type[AgentError], ...] = (
             () if idempotency_key is None else (ConnectionDropped,)
         )
-        return self._retrying(attempt, retry_on=dropped, while_busy=True)
+        return self._retrying(attempt, retry_on=dropped, while_busy=wait_busy)
 
     def turn(self, turn_id: str) -> Turn:
         """The turn as the target knows it now."""
@@ -240,6 +255,60 @@ class TargetClient:
         """The fence ``request`` would get, or its refusal; nothing is launched."""
         body = request.model_dump_json(exclude_none=True).encode()
         return self._model(PlanResult, self._request("POST", "/v1/plan", content=body), 200)
+
+    def take_lease(
+        self, role: str, seat: str | None = None, ttl_s: float = 60.0, *, supersede: bool = False
+    ) -> Lease:
+        """A lease on ``seat`` (default: the role's first workspace); ``SeatTaken`` while held.
+
+        ``supersede`` takes a held seat over: its holder's generation is no longer current.
+        """
+        try:
+            body = LeaseRequest(role=role, seat=seat, ttl_s=ttl_s, supersede=supersede)
+        except ValidationError as exc:
+            raise UsageError(f"the lease request is not valid: {_first_error(exc)}") from exc
+        content = body.model_dump_json(exclude_none=True).encode()
+        response = self._request("POST", "/v1/leases", content=content, accept=(409,))
+        if response.status_code == 409:
+            said = _problem_text(_problem(response), response)
+            raise SeatTaken(f"{said} (paddock lease take --supersede takes it over)")
+        return self._model(Lease, response, 201)
+
+    def renew_lease(self, lease_id: str, ttl_s: float | None = None) -> Lease:
+        """Extend a held lease (``ttl_s`` from now, else its own); ``LeaseLost`` if it is not."""
+        try:
+            content = RenewRequest(ttl_s=ttl_s).model_dump_json(exclude_none=True).encode()
+        except ValidationError as exc:
+            raise UsageError(f"the renewal is not valid: {_first_error(exc)}") from exc
+        path = f"/v1/leases/{_segment(lease_id, 'lease')}/renew"
+        return self._lease_answer(
+            lease_id, self._request("POST", path, content=content, accept=(404, 409))
+        )
+
+    def release_lease(self, lease_id: str) -> Lease:
+        """Give the seat up and forget the lease; its last state (``released`` if it held)."""
+        path = f"/v1/leases/{_segment(lease_id, 'lease')}"
+        return self._lease_answer(lease_id, self._request("DELETE", path, accept=(404,)))
+
+    def lease(self, lease_id: str) -> Lease:
+        """The lease as the target knows it now; ``LeaseLost`` once released (or never known)."""
+        path = f"/v1/leases/{_segment(lease_id, 'lease')}"
+        return self._lease_answer(lease_id, self._request("GET", path, accept=(404,)))
+
+    def leases(self) -> list[Lease]:
+        """The current lease of every seat of this token's roles."""
+        return self._model(_LeaseList, self._request("GET", "/v1/leases"), 200).root
+
+    def _lease_answer(self, lease_id: str, response: httpx.Response) -> Lease:
+        if response.status_code == 404:
+            raise LeaseLost(
+                f"the target knows no lease {lease_id} of this token's roles: released, "
+                "or never granted there"
+            )
+        if response.status_code == 409:
+            said = _problem_text(_problem(response), response)
+            raise LeaseLost(f"lease {lease_id} no longer holds its seat (409: {said})")
+        return self._model(Lease, response, 200)
 
     def events(self, turn_id: str, after: int = 0, wait: float | None = None) -> Iterator[Event]:
         """The turn's events with seq > ``after``, as they arrive, until the stream ends.
@@ -463,10 +532,10 @@ def pinned_tls_context(ca_pem: str, source: str) -> ssl.SSLContext:
         raise UsageError(f"{source} holds no usable CA certificate: {exc}") from exc
 
 
-def _segment(turn_id: str) -> str:
-    # Turn ids are t-<hex>; anything else must not be able to steer the request path.
+def _segment(turn_id: str, what: str = "turn") -> str:
+    # Ids are t-<hex> or l-<hex>; anything else must not be able to steer the request path.
     if not turn_id or any(c in turn_id for c in "/?#%") or turn_id in (".", ".."):
-        raise UsageError(f"{turn_id!r} is not a turn id")
+        raise UsageError(f"{turn_id!r} is not a {what} id")
     return turn_id
 
 

@@ -17,7 +17,9 @@
      ├── ServiceUnavailable   the target takes no new turn now: disk full, stopping (503)
      ├── ProtocolError        the target answered with something the contract does not allow
      ├── UnknownTurn          the target knows no turn by that id (mistyped, or long removed)
-     └── TurnLost             the target marked the turn lost (it crashed or restarted)
+     ├── TurnLost             the target marked the turn lost (it crashed or restarted)
+     ├── SeatTaken            another lease holds the seat (409); ``supersede`` takes it over
+     └── LeaseLost            the lease no longer holds its seat: superseded, lapsed, released
 
 Every one of these makes the CLI exit 125: paddock itself failed, not the command.
 An ``SshUnreachable`` is a ``TargetUnreachable``, so a stream that resumes after a
@@ -152,6 +154,18 @@ class TurnLost(AgentError):
     """The target marked the turn lost: it crashed or restarted while the turn ran."""
 
     label = "turn lost"
+
+
+class SeatTaken(AgentError):
+    """Another lease holds the seat (409); a request that supersedes it takes it over."""
+
+    label = "seat taken"
+
+
+class LeaseLost(AgentError):
+    """The lease no longer holds its seat (superseded, lapsed), or is gone (released, unknown)."""
+
+    label = "lease lost"
 
 
 _TLS_HINT = "check --cacert / PADDOCK_CACERT names the CA that signed the target's certificate"

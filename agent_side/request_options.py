@@ -33,12 +33,14 @@ class RequestOptions(NamedTuple):
     write: tuple[str, ...] = ()
     network: bool = False
     wall_s: float | None = None
+    lease: tuple[str, str, int] | None = None
+    """(lease id, seat, generation) the turn acts under (``paddock run --lease ID``)."""
 
     def __repr__(self) -> str:  # the names of the variables, never their values
         return (
             f"RequestOptions(argv={self.argv!r}, cwd={self.cwd!r}, env={sorted(self.env)!r}, "
             f"read={self.read!r}, write={self.write!r}, network={self.network!r}, "
-            f"wall_s={self.wall_s!r})"
+            f"wall_s={self.wall_s!r}, lease={self.lease!r})"
         )
 
     def request(self, role: str) -> TurnRequest:
@@ -56,6 +58,7 @@ class RequestOptions(NamedTuple):
             write=self.write,
             network=self.network,
             wall_s=self.wall_s,
+            lease=self.lease,
         )
 
 
@@ -82,7 +85,18 @@ def request_options(
         write=tuple(_target_path(p, "--write", local_cwd) for p in args.write),
         network=args.net,
         wall_s=args.timeout,
+        lease=_lease(args, environ),
     )
+
+
+def _lease(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[str, str, int] | None:
+    """The lease ``--lease ID`` names, as ``paddock lease take`` kept it in this user's files."""
+    lease_id = getattr(args, "lease", None)
+    if not lease_id:
+        return None
+    from agent_side.leases import stored_ref
+
+    return stored_ref(lease_id, environ)
 
 
 def _target_path(path: str, flag: str, local_cwd: str | None) -> str:

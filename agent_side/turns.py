@@ -22,7 +22,16 @@ from pydantic import ValidationError
 from agent_side.client import TargetClient
 from agent_side.errors import ProtocolError, TurnLost, UsageError
 from shared.exit_status import is_exit_status
-from shared.wire import TERMINAL_KINDS, Event, FsAccess, Limits, OutputEvent, Turn, TurnRequest
+from shared.wire import (
+    TERMINAL_KINDS,
+    Event,
+    FsAccess,
+    LeaseRef,
+    Limits,
+    OutputEvent,
+    Turn,
+    TurnRequest,
+)
 
 
 @dataclass(frozen=True)
@@ -47,8 +56,12 @@ def new_request(
     write: Sequence[str] = (),
     network: bool = False,
     wall_s: float | None = None,
+    lease: tuple[str, str, int] | None = None,
 ) -> TurnRequest:
-    """A validated TurnRequest; whatever the contract rejects is a ``UsageError`` naming it."""
+    """A validated TurnRequest; whatever the contract rejects is a ``UsageError`` naming it.
+
+    ``lease``: (lease id, seat, generation) of the lease the turn acts under.
+    """
     try:
         return TurnRequest(
             role=role,
@@ -58,12 +71,20 @@ def new_request(
             fs=FsAccess(read=list(read), write=list(write)),
             network="host" if network else "none",
             limits=Limits(wall_s=wall_s),
+            lease=_lease_ref(lease),
         )
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']}" for e in exc.errors()
         )
         raise UsageError(f"the request is not valid: {problems}") from exc
+
+
+def _lease_ref(lease: tuple[str, str, int] | None) -> LeaseRef | None:
+    if lease is None:
+        return None
+    lease_id, seat, generation = lease
+    return LeaseRef(lease_id=lease_id, seat=seat, generation=generation)
 
 
 def drive(

@@ -861,6 +861,57 @@ MUTATIONS += (
             "tests/test_mux.py::test_mux_keeps_the_token_out_of_its_command_line_environment_and_log",
         ),
     ),
+    Mutation(
+        "lease-generation-not-checked",
+        "target_side/service/leases.py",
+        "        if not lease.generation == grant.generation == seat.generation:",
+        "        if False:",
+        (
+            "tests/test_leases.py -k superseded_generation_is_refused",
+            "tests/test_leases.py -k zombie",
+        ),
+    ),
+    Mutation(
+        "lease-of-another-role-accepted",
+        "target_side/service/leases.py",
+        "        if seat is None or grant is None or seat.role != role:",
+        "        if seat is None or grant is None:",
+        (
+            "tests/test_leases.py -k another_role_or_seat",
+            "tests/test_leases.py -k leases_own_role",
+        ),
+    ),
+    Mutation(
+        "superseded-lease-renewable",
+        "target_side/service/leases.py",
+        "            if grant.generation != seat.generation:\n                raise LeaseEnded(",
+        "            if False:\n                raise LeaseEnded(",
+        (
+            "tests/test_leases.py -k superseded_is_never_renewed",
+            "tests/test_leases.py -k zombie",
+        ),
+    ),
+    Mutation(
+        "lease-not-required",
+        "target_side/service/leases.py",
+        "            if config is not None and config.require_lease:",
+        "            if False:",
+        ("tests/test_leases.py -k required",),
+    ),
+    Mutation(
+        "lease-not-checked-at-launch",
+        "target_side/service/turns.py",
+        "            self.leases.admit(request.role, request.lease)\n            # Off the event loop",
+        "            # Off the event loop",
+        ("tests/test_leases.py -k zombie",),
+        also=(
+            (
+                "            # Again at launch: a seat taken over while the turn was planned "
+                "refuses it.\n            self.leases.admit(request.role, request.lease)\n",
+                "",
+            ),
+        ),
+    ),
 )
 
 

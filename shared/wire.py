@@ -41,6 +41,7 @@ RefusalRule = Literal[
     "backend-unavailable",
     "path-changed",
     "bad-mount",
+    "stale-lease",
 ]
 TurnState = Literal["running", "exited", "refused", "lost"]
 HealthCauseName = Literal["backend", "limits", "disk", "config", "turns-failing", "identity"]
@@ -48,6 +49,7 @@ SignalName = Literal["INT", "TERM", "KILL", "HUP"]
 
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _TURN_ID = re.compile(r"t-[0-9a-f]{32}")
+_LEASE_ID = re.compile(r"l-[0-9a-f]{32}")
 
 # The validators' rules, as JSON Schema says them (for the OpenAPI document only: the
 # validators below are what the target enforces, with messages that say how to fix it).
@@ -59,6 +61,11 @@ _HOST_CONTAINER = r"^/[^\u0000:]*(:/[^\u0000]*)?$"
 def is_turn_id(text: str) -> bool:
     """Whether ``text`` has the shape of a turn id (``t-`` and 32 hex digits)."""
     return _TURN_ID.fullmatch(text) is not None
+
+
+def is_lease_id(text: str) -> bool:
+    """Whether ``text`` has the shape of a lease id (``l-`` and 32 hex digits)."""
+    return _LEASE_ID.fullmatch(text) is not None
 
 
 class Wire(BaseModel):
@@ -100,6 +107,59 @@ class Limits(Wire):
     scratch_mb: int | None = Field(default=None, gt=0, description="size of the turn's /tmp")
 
 
+MAX_LEASE_TTL_S = 86400.0
+"""The longest a lease may run between renewals: a day."""
+_SEAT_TEXT = r"^[^\u0000-\u001f\u007f]*$"
+_LEASE_ID_SHAPE = r"^l-[0-9a-f]{32}$"
+
+
+def _seat_text(value: str) -> str:
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        raise ValueError("a seat name must not hold control characters (newlines, tabs, NUL)")
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:
+        raise ValueError("a seat name must be valid Unicode text (no lone surrogates)") from exc
+    return value
+
+
+SeatName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=256,
+        json_schema_extra={"pattern": _SEAT_TEXT},
+        description="what the lease holds, within its role: any text without control "
+        "characters, such as the agent's workspace",
+    ),
+    AfterValidator(_seat_text),
+]
+LeaseId = Annotated[str, Field(pattern=_LEASE_ID_SHAPE, description="`l-` and 32 hex digits")]
+Generation = Annotated[int, Field(ge=1)]
+
+
+class LeaseRef(Wire):
+    """The lease a request acts under; the target refuses it unless it is its seat's current one.
+
+    ``generation`` is the fencing token: each lease granted on a seat gets the
+    next one, so a holder whose seat was taken over names an old generation.
+    """
+
+    lease_id: LeaseId
+    seat: SeatName
+    generation: Generation
+
+
+class Leased(Wire):
+    """A request that may act under a lease (``lease``); the role may require one."""
+
+    lease: LeaseRef | None = Field(
+        default=None,
+        description="the lease this request acts under; refused (stale-lease) unless it is "
+        "the seat's current generation, held and unexpired",
+    )
+
+
 _Argv = Annotated[
     list[Annotated[str, Field(json_schema_extra={"pattern": _NO_NUL})]],
     Field(
@@ -138,7 +198,7 @@ _ONE_PROGRAM: JsonDict = {
 absent field and ``null`` are the same)."""
 
 
-class TurnRequest(Wire):
+class TurnRequest(Leased):
     """One command (``argv``) or one script (``script`` + ``script_sha256``) to run."""
 
     model_config = ConfigDict(json_schema_extra=_ONE_PROGRAM)
@@ -408,3 +468,46 @@ class RoleList(Wire):
     """The body of ``GET /v1/roles``: the roles the presented token holds, sorted."""
 
     roles: list[str]
+
+
+LeaseState = Literal["held", "released", "expired", "superseded"]
+
+
+class LeaseRequest(Wire):
+    """Take a seat: a lease on ``seat`` for ``role``, until ``ttl_s`` seconds pass unrenewed."""
+
+    role: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    seat: SeatName | None = Field(default=None, description="default: the role's first workspace")
+    ttl_s: float = Field(default=60.0, gt=0, le=MAX_LEASE_TTL_S)
+    supersede: bool = Field(
+        default=False,
+        strict=True,  # a boolean, not 0 or "false"
+        description="take the seat even while another lease holds it: that one is superseded",
+    )
+
+
+class RenewRequest(Wire):
+    """Extend a held lease to ``ttl_s`` seconds from now (default: its own ``ttl_s``)."""
+
+    ttl_s: float | None = Field(default=None, gt=0, le=MAX_LEASE_TTL_S)
+
+
+class Lease(Wire):
+    """A lease on a seat, as the target knows it now."""
+
+    lease_id: str
+    role: str
+    seat: str
+    generation: int = Field(description="this lease's place in its seat's succession, from 1")
+    state: LeaseState
+    ttl_s: float
+    granted_at: datetime
+    expires_at: datetime = Field(description="when it lapses unless renewed first")
+    ended_at: datetime | None = Field(
+        default=None, description="when it was released, lapsed, or superseded"
+    )
+
+    @property
+    def ref(self) -> LeaseRef:
+        """What a request names to act under this lease."""
+        return LeaseRef(lease_id=self.lease_id, seat=self.seat, generation=self.generation)

@@ -223,6 +223,8 @@ class RoleConfig(_Section):
     gid: int | None = Field(default=None, gt=0, lt=2**32 - 1)
     """The host gid (default: the same number as the uid)."""
     allow_network: bool = False
+    require_lease: bool = False
+    """Every turn of the role must name its seat's current lease (``service.leases``)."""
     home: RoleHome = Field(default_factory=lambda: RoleHome())
     limits: RoleLimits = Field(default_factory=RoleLimits)
 

@@ -19,7 +19,10 @@
      ├── RoleNotHeld          the token is valid but lacks the role asked for (HTTP 403)
      ├── UnknownTurn          no turn with that id is visible to the caller (HTTP 404)
      ├── TurnNotRunning       the turn has ended: it takes no signal or input (HTTP 409)
-     └── StdinClosed          the turn takes no input (HTTP 409)
+     ├── StdinClosed          the turn takes no input (HTTP 409)
+     ├── UnknownLease         no lease with that id is visible to the caller (HTTP 404)
+     ├── SeatHeld             another lease holds the seat; ``supersede`` takes it (HTTP 409)
+     └── LeaseEnded           the lease was superseded, released or has lapsed (HTTP 409)
 
 A refusal is a turn's outcome, not a failure of the target: ``RefusedError``
 only carries one from where a rule is detected to where the turn is recorded.
@@ -128,3 +131,26 @@ class TurnNotRunning(TargetError):
 
 class StdinClosed(TargetError):
     """The turn was not started with ``stdin: open``, or its stdin is already closed."""
+
+
+class UnknownLease(TargetError):
+    """No lease with that id is visible to the caller (HTTP 404)."""
+
+
+class SeatHeld(TargetError):
+    """Another lease holds the seat; only a request that supersedes it may take it (HTTP 409)."""
+
+    def __init__(self, message: str, seat: str, generation: int, expires_at: str) -> None:
+        super().__init__(message)
+        self.seat = seat
+        self.generation = generation
+        """The holder's generation: the one a superseding lease follows."""
+        self.expires_at = expires_at
+
+
+class LeaseEnded(TargetError):
+    """The lease no longer holds its seat (superseded, released, lapsed): it cannot be renewed."""
+
+    def __init__(self, message: str, state: str) -> None:
+        super().__init__(message)
+        self.state = state

@@ -29,6 +29,11 @@ ERRORS = {
     ("post", "/v1/turns/{turn_id}/stdin"): {401, 404, 409, 413, 422},
     ("post", "/v1/plan"): {400, 401, 403, 413, 422},
     ("get", "/v1/roles"): {401},
+    ("post", "/v1/leases"): {400, 401, 403, 409, 413, 422, 503},
+    ("get", "/v1/leases"): {401},
+    ("get", "/v1/leases/{lease_id}"): {401, 404},
+    ("post", "/v1/leases/{lease_id}/renew"): {400, 401, 404, 409, 413, 422, 503},
+    ("delete", "/v1/leases/{lease_id}"): {401, 404, 503},
 }
 """Every route and the error statuses it can answer, as the handlers and middleware raise them."""
 
@@ -119,6 +124,13 @@ def test_openapi_parameters_are_never_null(document: dict[str, Any]) -> None:
 def test_openapi_stdin_takes_raw_bytes(document: dict[str, Any]) -> None:
     body = operations(document)[("post", "/v1/turns/{turn_id}/stdin")]["requestBody"]
     assert set(body["content"]) == {"application/octet-stream"}
+
+
+def test_openapi_new_lease_links_to_its_next_steps(document: dict[str, Any]) -> None:
+    links = operations(document)[("post", "/v1/leases")]["responses"]["201"]["links"]
+    assert set(links) == {"getLease", "renewLease", "releaseLease"}
+    for link in links.values():
+        assert link["parameters"] == {"lease_id": "$response.body#/lease_id"}
 
 
 def test_openapi_new_turn_links_to_its_next_steps(document: dict[str, Any]) -> None:

@@ -100,6 +100,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], in_process: Callab
             "write": list(options.write),
             "network": options.network,
             "wall_s": options.wall_s,
+            "lease": options.lease,
         },
         "stdin": "open" if stdin_open else "closed",
         "stdin_note": forward and not stdin_open and stdin_is_terminal(),

@@ -96,6 +96,7 @@ def plan_turn(
         user=_user_name(uid, request.role),
         turn_id=turn_id,
         server_env=server_env,
+        lease=request.lease,
     )
     script = _script_body(request)
     program = "bash" if script is not None else (request.argv or [""])[0]

@@ -212,6 +212,11 @@ def path_changed(
     )
 
 
+def stale_lease(subject: str, detail: str) -> RefusedError:
+    """The lease named is not its seat's current, held generation (or none was named)."""
+    return _refused("stale-lease", subject, None, None, detail)
+
+
 def _refused(
     rule: str, subject: str, path: str | None, resolved: str | None, detail: str
 ) -> RefusedError:

@@ -56,6 +56,7 @@ from target_side.policy.plan import host_ids
 from target_side.service.auth import TokenRoles, require_role
 from target_side.service.body_limit import BodyLimit
 from target_side.service.health import HealthBoard
+from target_side.service.lease_routes import install_lease_routes
 from target_side.service.openapi import (
     API_VERSION,
     BEARER,
@@ -257,6 +258,7 @@ def create_app(
         """The newest turns of the token's roles, newest first."""
         return await manager.recent(roles, limit)
 
+    install_lease_routes(app, manager.leases, caller_roles, _problem)
     return app
 
 

@@ -73,9 +73,20 @@ _ERRORS: dict[int, dict[str, Any]] = {
 }
 
 
-def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """A route's error responses: each a ``Problem`` (``openapi`` gives them their media type)."""
-    return {status: {"model": Problem, **_ERRORS[status]} for status in statuses}
+def errors(*statuses: int, say: dict[int, str] | None = None) -> dict[int | str, dict[str, Any]]:
+    """A route's error responses: each a ``Problem`` (``openapi`` gives them their media type).
+
+    ``say`` replaces the description of a status where the route means something else by it.
+    """
+    said = say or {}
+    return {
+        status: {"model": Problem, **_ERRORS[status], **_described(said.get(status))}
+        for status in statuses
+    }
+
+
+def _described(description: str | None) -> dict[str, str]:
+    return {} if description is None else {"description": description}
 
 
 TurnId = Annotated[
@@ -126,6 +137,20 @@ TURN_LINKS = {
     for operation in ("getTurn", "turnEvents", "signalTurn", "writeStdin")
 }
 """What a client does next with the turn it started: the links of ``201``."""
+
+LeaseId = Annotated[
+    str,
+    PathParam(
+        description="a lease id (`l-` and 32 hex digits); any other text is answered 404, "
+        "as an unknown lease is",
+        json_schema_extra={"pattern": r"^l-[0-9a-f]{32}$"},
+    ),
+]
+LEASE_LINKS = {
+    operation: {"operationId": operation, "parameters": {"lease_id": "$response.body#/lease_id"}}
+    for operation in ("getLease", "renewLease", "releaseLease")
+}
+"""What a client does next with the lease it took: the links of ``201``."""
 
 
 _FASTAPI_422 = "#/components/schemas/HTTPValidationError"

@@ -68,6 +68,7 @@ from target_side.policy.forbidden import curated_etc_root, home_place
 from target_side.policy.mounts import ETC_ENTRIES
 from target_side.policy.plan import FencePlan, plan_turn
 from target_side.service.health import HealthBoard
+from target_side.service.leases import LeaseBook
 from target_side.service.ledger import Ledger
 from target_side.service.spool import EventSpool, now
 from target_side.service.state_lock import StateLock
@@ -139,6 +140,7 @@ class TurnManager:
         self.limiter = Limiter.detect(totals=totals)
         self.etc = CuratedEtc(curated_etc_root(settings), ETC_ENTRIES, role_entries(settings))
         self.identity = for_settings(settings)
+        self.leases = LeaseBook(settings)
         self._ledger: Ledger | None = None
         self._failures = 0
         self._lock = state_lock
@@ -180,6 +182,7 @@ class TurnManager:
             latest = await asyncio.to_thread(self.ledger.latest_turns, ids)
             for item in found:
                 await self._take_back(item, latest)
+            await self.leases.start(self.ledger, self._ledger_append, self._storage_failed)
             # Probed once with a child process: off the event loop, before any turn needs it.
             await asyncio.to_thread(signal_reset_prefix)
         except BaseException:
@@ -282,8 +285,11 @@ class TurnManager:
             raise self._disk_unavailable() from None
         record.admitted = True
         try:
+            self.leases.admit(request.role, request.lease)
             # Off the event loop: planning walks paths and searches writable mounts.
             plan = await asyncio.to_thread(self.plan, request, record.turn.turn_id)
+            # Again at launch: a seat taken over while the turn was planned refuses it.
+            self.leases.admit(request.role, request.lease)
             await self._launch(record, plan)
         except RefusedError as refused:
             await self._finish(
@@ -569,6 +575,7 @@ class TurnManager:
     def dry_run(self, request: TurnRequest) -> PlanResult:
         """The fence ``request`` would get, or its refusal; nothing is built or launched."""
         try:
+            self.leases.admit(request.role, request.lease)
             plan = self.plan(request, f"t-{uuid.uuid4().hex}")
         except RefusedError as refused:
             return PlanResult(refusal=refused.refusal, exit_code=refused.refusal.exit_code)
@@ -587,6 +594,8 @@ class TurnManager:
         def fold() -> list[Turn]:
             latest: dict[str, Turn] = {}
             for entry in self.ledger.records():
+                if "turn" not in entry:
+                    continue  # a recovery or lease record
                 turn = Turn.model_validate(entry["turn"])
                 if turn.role in roles:
                     latest[turn.turn_id] = turn
@@ -659,6 +668,7 @@ class TurnManager:
         self._stopping = True
         if self._watch is not None:
             self._watch.cancel()
+        self.leases.stop()
         tasks = []
         for record in self._turns.values():
             if record.running is not None:
