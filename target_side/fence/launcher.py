@@ -213,6 +213,7 @@ class Channel:
             if writable
             else (loop.add_reader, loop.remove_reader)
         )
+
         def wake() -> None:
             if not ready.done():
                 ready.set_result(None)
