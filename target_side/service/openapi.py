@@ -73,9 +73,25 @@ _ERRORS: dict[int, dict[str, Any]] = {
 }
 
 
-def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """A route's error responses: each a ``Problem`` (``openapi`` gives them their media type)."""
-    return {status: {"model": Problem, **_ERRORS[status]} for status in statuses}
+def errors(*statuses: int, said: dict[int, str] | None = None) -> dict[int | str, dict[str, Any]]:
+    """A route's error responses: each a ``Problem`` (``openapi`` gives them their media type).
+
+    ``said`` replaces the description of a status where this route means something else by it.
+    """
+    found: dict[int | str, dict[str, Any]] = {}
+    for status in statuses:
+        found[status] = {"model": Problem, **_ERRORS[status]}
+        if said and status in said:
+            found[status]["description"] = said[status]
+    return found
+
+
+UNKNOWN_SESSION = "No session with that id among the sessions of the token's roles."
+TURN_409 = (
+    "The session the turn names runs another turn (`turn_id` names it: one at a time), or has "
+    "ended; nothing was started."
+)
+RESIZE_409 = "The turn has ended, or runs on no terminal (not started with `tty`)."
 
 
 TurnId = Annotated[
@@ -84,6 +100,15 @@ TurnId = Annotated[
         description="a turn id (`t-` and 32 hex digits); any other text is answered 404, "
         "as an unknown turn is",
         json_schema_extra={"pattern": r"^t-[0-9a-f]{32}$"},
+    ),
+]
+
+SessionId = Annotated[
+    str,
+    PathParam(
+        description="a session id (`s-` and 32 hex digits); any other text is answered 404, "
+        "as an unknown session is",
+        json_schema_extra={"pattern": r"^s-[0-9a-f]{32}$"},
     ),
 ]
 
@@ -123,9 +148,17 @@ RAW_BYTES: dict[str, Any] = {
 }
 TURN_LINKS = {
     operation: {"operationId": operation, "parameters": {"turn_id": "$response.body#/turn_id"}}
-    for operation in ("getTurn", "turnEvents", "signalTurn", "writeStdin")
+    for operation in ("getTurn", "turnEvents", "signalTurn", "writeStdin", "resizeTurn")
 }
 """What a client does next with the turn it started: the links of ``201``."""
+SESSION_LINKS = {
+    operation: {
+        "operationId": operation,
+        "parameters": {"session_id": "$response.body#/session_id"},
+    }
+    for operation in ("getSession", "endSession")
+}
+"""What a client does next with the session it started."""
 
 
 _FASTAPI_422 = "#/components/schemas/HTTPValidationError"
