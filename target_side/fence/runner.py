@@ -90,15 +90,16 @@ def set_terminal_size(master: int, rows: int, cols: int) -> None:
     fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
 
-async def _read_some(stream: asyncio.StreamReader) -> bytes:
-    """Up to a chunk; nothing at the end. A pty's master reads EIO once its other side is
-    closed: for it, that is the end."""
-    try:
-        return await stream.read(READ_CHUNK)
-    except OSError as exc:
-        if exc.errno == errno.EIO:
-            return b""
-        raise
+class _TerminalProtocol(asyncio.StreamReaderProtocol):
+    """A pty master's reader: EIO (its other side is closed, every byte read) is its end.
+
+    As an error, it would make the stream drop what it still buffers.
+    """
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if isinstance(exc, OSError) and exc.errno == errno.EIO:
+            exc = None
+        super().connection_lost(exc)
 
 
 class OutputDecoder:
@@ -253,7 +254,7 @@ class RunningTurn:
         if stream is None:
             return
         decoder = OutputDecoder()
-        while chunk := await _read_some(stream):
+        while chunk := await stream.read(READ_CHUNK):
             if kind == "stderr":
                 self._stderr_tail = (self._stderr_tail + chunk)[-STDERR_TAIL:]
             self._deliver(kind, decoder.feed(self._within_output_limit(chunk)))
@@ -266,7 +267,7 @@ class RunningTurn:
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader()
         await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(os.dup(self._terminal), "rb", 0)
+            lambda: _TerminalProtocol(reader), os.fdopen(os.dup(self._terminal), "rb", 0)
         )
         transport, protocol = await loop.connect_write_pipe(
             asyncio.streams.FlowControlMixin, os.fdopen(os.dup(self._terminal), "wb", 0)
