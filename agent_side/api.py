@@ -57,6 +57,7 @@ from shared.wire import Event, Health, OutputEvent, Refusal, Turn, TurnRequest
 if TYPE_CHECKING:
     # paramiko is imported only when an SSH target is opened: it adds about a
     # third of a second to the start of every paddock command that never uses it.
+    from agent_side.sessions import AsyncTargetSession, TargetSession
     from agent_side.ssh import PassphraseSource, SshConnection, SshTimeouts
 
 CANCEL_WAIT_S = 60.0
@@ -236,6 +237,42 @@ class Target:
         )
         return self.run_request(request, on_event=on_event)
 
+    def session(
+        self,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        read: Sequence[str] = (),
+        write: Sequence[str] = (),
+        network: bool = False,
+        timeout: float | None = None,
+        idle_s: float | None = None,
+        lifetime_s: float | None = None,
+        role: str | None = None,
+    ) -> TargetSession:
+        """Start a session (one fence, one shell) and return it; ``with`` ends it on leaving.
+
+        The fence is planned as ``run`` with the same arguments would be, and
+        a refusal raises ``SessionRefused`` (its ``refusal`` says why).
+        ``timeout`` is each turn's wall-time limit unless it asks for less;
+        ``idle_s`` and ``lifetime_s`` end the session (at most the role's).
+        agent_side/sessions.py shows it in use.
+        """
+        from agent_side.sessions import TargetSession, open_session, session_request
+
+        request = session_request(
+            role=role or self.role,
+            cwd=cwd,
+            env=env,
+            read=read,
+            write=write,
+            network=network,
+            timeout=timeout,
+            idle_s=idle_s,
+            lifetime_s=lifetime_s,
+        )
+        return TargetSession(self, open_session(self, request))
+
     def run_request(
         self,
         request: TurnRequest,
@@ -390,6 +427,38 @@ class AsyncTarget:
         except asyncio.CancelledError:
             await asyncio.shield(self._call(_kill_once_submitted, target, submission))
             raise
+
+    def session(
+        self,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        read: Sequence[str] = (),
+        write: Sequence[str] = (),
+        network: bool = False,
+        timeout: float | None = None,
+        idle_s: float | None = None,
+        lifetime_s: float | None = None,
+        role: str | None = None,
+    ) -> AsyncTargetSession:
+        """Like ``Target.session``; the session starts on ``async with`` (or ``await open()``)."""
+        from agent_side.sessions import AsyncTargetSession
+
+        options = {
+            "cwd": cwd,
+            "env": env,
+            "read": read,
+            "write": write,
+            "network": network,
+            "timeout": timeout,
+            "idle_s": idle_s,
+            "lifetime_s": lifetime_s,
+        }
+        return AsyncTargetSession(self, options, role)
+
+    async def call(self, function: Callable[..., _T], *args: object) -> _T:
+        """``function(*args)`` on one of this target's worker threads."""
+        return await self._call(function, *args)
 
     async def aclose(self) -> None:
         target, self._target = self._target, None

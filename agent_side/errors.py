@@ -17,9 +17,13 @@
      ├── ServiceUnavailable   the target takes no new turn now: disk full, stopping (503)
      ├── ProtocolError        the target answered with something the contract does not allow
      ├── UnknownTurn          the target knows no turn by that id (mistyped, or long removed)
-     └── TurnLost             the target marked the turn lost (it crashed or restarted)
+     ├── TurnLost             the target marked the turn lost (it crashed or restarted)
+     ├── UnknownSession       the target knows no session by that id among the role's
+     ├── SessionUnavailable   the session runs another turn, or has ended (409)
+     └── SessionRefused       the fence refused the session; ``refusal`` says why
 
-Every one of these makes the CLI exit 125: paddock itself failed, not the command.
+Every one of these makes the CLI exit 125: paddock itself failed, not the command; but a
+refused session, which exits as a refused turn does (126, or 127).
 An ``SshUnreachable`` is a ``TargetUnreachable``, so a stream that resumes after a
 dropped connection retries it; the host-key and auth failures are never retried.
 """
@@ -36,6 +40,8 @@ if TYPE_CHECKING:
     import ssl
 
     import httpx
+
+    from shared.wire import Refusal
 
 
 class AgentError(PaddockError):
@@ -152,6 +158,33 @@ class TurnLost(AgentError):
     """The target marked the turn lost: it crashed or restarted while the turn ran."""
 
     label = "turn lost"
+
+
+class UnknownSession(AgentError):
+    """The target knows no session by that id among the role's (mistyped, or long removed)."""
+
+    label = "unknown session"
+
+
+class SessionUnavailable(AgentError):
+    """The session runs another turn (one at a time), or has ended; nothing was started."""
+
+    label = "session unavailable"
+
+    def __init__(self, message: str, turn_id: str | None = None) -> None:
+        super().__init__(message)
+        self.turn_id = turn_id
+        """The turn it is running, when that is why."""
+
+
+class SessionRefused(AgentError):
+    """The fence refused the session, as it would a turn; ``refusal`` says why and what to do."""
+
+    label = "session refused"
+
+    def __init__(self, message: str, refusal: Refusal) -> None:
+        super().__init__(message)
+        self.refusal = refusal
 
 
 _TLS_HINT = "check --cacert / PADDOCK_CACERT names the CA that signed the target's certificate"

@@ -141,6 +141,7 @@ def _request(target: Target, message: Message) -> TurnRequest:
             write=tuple(fields.get("write") or ()),
             network=bool(fields.get("network")),
             wall_s=fields.get("wall_s"),
+            session=fields.get("session"),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise UsageError(f"the multiplexer was sent a malformed turn: {exc}") from exc
