@@ -864,6 +864,76 @@ MUTATIONS += (
 )
 
 
+SESSION_TESTS = "tests/test_sessions.py"
+"""Sessions and terminals over real bubblewrap and a real target."""
+
+MUTATIONS += (
+    Mutation(
+        "session-turn-widens-its-fence",
+        "shared/wire.py",
+        "        if self.session is None:\n            return self",
+        "        if True:\n            return self",
+        (SESSION_TESTS + " -k may_not_set_fence_fields",),
+    ),
+    Mutation(
+        "session-shell-root-inside",
+        "target_side/policy/sessions.py",
+        "        stdin_open=True,\n    )",
+        "        stdin_open=True,\n        uid=0,\n        gid=0,\n    )",
+        (SESSION_TESTS + "::test_session_shell_runs_as_the_roles_uid",),
+    ),
+    Mutation(
+        "session-turn-asks-past-its-session",
+        "target_side/service/sessions.py",
+        "    if asked is not None and asked > most:\n        raise refusals.limit_exceeds_session",
+        "    if False:\n        raise refusals.limit_exceeds_session",
+        (SESSION_TESTS + "::test_session_turn_cannot_ask_for_more_than_its_session",),
+    ),
+    Mutation(
+        "session-limits-not-its-own",
+        "target_side/policy/sessions.py",
+        'limits=plan.limits.model_copy(update={"wall_s": session_s}),',
+        'limits=plan.limits.model_copy(update={"wall_s": session_s, "pids": maxima.pids}),',
+        (SESSION_TESTS + "::test_session_cgroup_bounds_all_its_turns_together",),
+    ),
+    Mutation(
+        "session-turn-not-audited",
+        "target_side/service/sessions.py",
+        "        audit_plan = replace(plan.fence, turn_id=turn_id)",
+        "        audit_plan = replace(plan.fence, turn_id=turn_id, audit={})",
+        (SESSION_TESTS + "::test_session_audits_protected_names_after_each_turn",),
+    ),
+    Mutation(
+        "session-end-not-audited",
+        "target_side/service/sessions.py",
+        "fence_plan.role, (fence_plan.uid, fence_plan.gid), fence_plan.audit, _id(record)",
+        "fence_plan.role, (fence_plan.uid, fence_plan.gid), {}, _id(record)",
+        (SESSION_TESTS + "::test_session_audits_protected_names_when_it_ends",),
+    ),
+    Mutation(
+        "session-of-another-role-visible",
+        "target_side/service/sessions.py",
+        "        if record is None or record.session.role not in roles:",
+        "        if record is None:",
+        (SESSION_TESTS + " -k other_roles_session",),
+    ),
+    Mutation(
+        "terminal-turn-unfiltered",
+        "target_side/fence/launch.py",
+        "        seccomp = syscall_filter.filter_fd(network=plan.network)",
+        "        seccomp = None if plan.tty else syscall_filter.filter_fd(network=plan.network)",
+        ("tests/test_terminals.py -k tiocsti",),
+    ),
+    Mutation(
+        "terminal-not-the-commands-own",
+        "target_side/fence/launch.py",
+        '    return [plan.terminal_helper, "--ctty", "--"]',
+        "    return []",
+        ("tests/test_terminals.py -k controlling_terminal or ctrl_c",),
+    ),
+)
+
+
 def run(mutation: Mutation) -> bool:
     """True if the mutation turned its tests red (as it must)."""
     with tempfile.TemporaryDirectory(prefix=f"paddock-mut-{mutation.name}-") as tmp:

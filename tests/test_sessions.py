@@ -340,6 +340,39 @@ def test_session_shell_processes_are_the_roles_on_the_host(
     finished(client, turn.turn_id)
 
 
+FORK_UNTIL_REFUSED = """
+import os, sys, time
+made = 0
+while made < int(sys.argv[1]):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(300)
+        os._exit(0)
+    made += 1
+print(made)
+"""
+
+
+def test_session_cgroup_bounds_all_its_turns_together(client: httpx.Client) -> None:
+    opened = start(client, limits={"pids": 40})
+    try:
+        first = submit(
+            client, argv=["python3", "-c", FORK_UNTIL_REFUSED, "25"], session=opened.session_id
+        )
+        assert output(events(client, first.turn_id)) == "25\n"
+        # The first turn's 25 processes still count: the second turn gets what is left.
+        second = submit(
+            client, argv=["python3", "-c", FORK_UNTIL_REFUSED, "40"], session=opened.session_id
+        )
+        made = int(output(events(client, second.turn_id)))
+        assert 0 < made < 40 - 25
+    finally:
+        end(client, opened)
+
+
 def test_session_cannot_write_outside_its_fence(client: httpx.Client, session: Session) -> None:
     _turn, evs = script(client, session, "touch /etc/x 2>&1; touch /usr/x 2>&1; echo $?")
     assert output(evs).strip().endswith("1")
