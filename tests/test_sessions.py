@@ -478,6 +478,24 @@ def test_session_lists_and_counts_its_turns(client: httpx.Client, session: Sessi
     assert client.get("/v1/turns").status_code == 200  # the ledger's session records are skipped
 
 
+def test_session_and_its_turns_are_in_the_ledger_without_env_values(
+    client: httpx.Client, target: Target
+) -> None:
+    from target_side.service.ledger import Ledger
+
+    opened = start(client, env={"SESSION_SECRET": "hunter2-in-session"})
+    turn, _ = script(client, opened, 'echo "$SESSION_SECRET" > /dev/null')
+    end(client, opened)
+    records = list(Ledger(target.settings.state_root).records())
+    mine = [r for r in records if r.get("session", {}).get("session_id") == opened.session_id]
+    assert [r["kind"] for r in mine] == ["session-start", "session-end"]
+    assert "SESSION_SECRET" in mine[0]["env_names"]
+    launch = [r for r in records if r["kind"] == "launch" and r["turn"]["turn_id"] == turn.turn_id]
+    assert launch[0]["session_id"] == opened.session_id
+    assert launch[0]["turn"]["session_id"] == opened.session_id
+    assert "hunter2-in-session" not in (target.settings.state_root / "ledger.jsonl").read_text()
+
+
 # --- limits of a session's life, and a restart ---------------------------------------------------
 
 

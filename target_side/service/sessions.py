@@ -391,6 +391,8 @@ class SessionManager:
         else:
             code = outcome.exit_code if outcome is not None else "unknown"
             why = f"the session's fence ended (status {code})"
+            if fence.last_words:
+                why += f"; its host's last words: {fence.last_words}"
         notes = [n for n in record.notices if n]
         return "; ".join([why, *notes])
 
