@@ -180,6 +180,17 @@ def test_session_timed_out_builtin_loop_leaves_the_session_usable(
     assert output(evs) == "alive\n"
 
 
+def test_session_shell_that_ignores_int_is_ended_and_says_so(client: httpx.Client) -> None:
+    opened = start(client)
+    stuck, _evs = script(client, opened, "trap '' INT; while :; do :; done", limits={"wall_s": 1})
+    assert stuck.exit_code == 124
+    assert wait_until(
+        lambda: client.get(f"/v1/sessions/{opened.session_id}").json()["state"] == "closed"
+    )
+    closed = Session.model_validate(client.get(f"/v1/sessions/{opened.session_id}").json())
+    assert closed.ended is not None and "did not come back" in closed.ended
+
+
 def test_session_runs_one_turn_at_a_time(client: httpx.Client, session: Session) -> None:
     first = submit(client, argv=["sleep", "30"], session=session.session_id)
     response = client.post(
@@ -304,6 +315,37 @@ def test_session_refused_as_a_turn_would_be(client: httpx.Client, target: Target
     )
     assert response.status_code == 409
     assert response.json()["title"] == "Session has ended"
+
+
+def test_session_without_python3_in_the_fence_is_refused_saying_so(
+    tmp_path: Path, ca: trustme.CA
+) -> None:
+    from conftest import make_settings
+
+    from target_side.config import FenceConfig
+
+    settings = make_settings(tmp_path / "no-python", ca)
+    bin_dir = tmp_path / "fence-bin"
+    bin_dir.mkdir()
+    bin_dir.chmod(0o755)
+    for program in ("bash", "true"):
+        (bin_dir / program).write_bytes(Path(f"/usr/bin/{program}").read_bytes())
+        (bin_dir / program).chmod(0o755)
+    settings = settings.model_copy(update={"fence": FenceConfig(path=str(bin_dir))})
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    with ServerThread(settings) as server:
+        target = Target(
+            server.url, str(ca_file), settings, Path(settings.roles["builder"].workspaces[0])
+        )
+        with target.client() as c:
+            refused = start(c)
+            assert finished(c, submit(c, argv=["true"]).turn_id).exit_code == 0
+    assert refused.state == "refused"
+    assert refused.refusal is not None
+    assert refused.refusal.rule == "backend-unavailable"
+    assert refused.refusal.subject == "session"
+    assert "python3" in refused.refusal.detail
 
 
 def test_session_network_not_allowed_like_a_turn(client: httpx.Client) -> None:

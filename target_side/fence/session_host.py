@@ -55,7 +55,8 @@ import termios
 import time
 
 HEADER = struct.Struct(">cI")
-MAX_PAYLOAD = 1 << 20
+MAX_PAYLOAD = 8 << 20
+"""A frame's payload, at most: a turn's command as JSON (a 1 MiB request, escaped) fits."""
 READ_CHUNK = 64 * 1024
 
 # server -> host
@@ -143,8 +144,6 @@ class Host:
         self.late: set[int] = set()
         self.dropped = 0
         self.inbox = b""
-        self.out_buffer = b""
-        self.ended: tuple[int | None, str] | None = None
 
     # -- the shell
 
@@ -284,6 +283,7 @@ class Host:
         self.late.update(turn.outputs)
         if turn.stdin is not None:
             os.close(turn.stdin)
+        _remove_quietly(turn.directory)
         self.turn = None
         if turn.kill_deadline is not None and status == 128 + signal.SIGINT:
             status = 128 + signal.SIGKILL  # the INT was ours, to abandon what KILL interrupted
@@ -540,6 +540,15 @@ class Host:
                 self.deliver(message)
             else:
                 self.resize(int(message["rows"]), int(message["cols"]))
+
+
+def _remove_quietly(directory: str) -> None:
+    """A finished turn's directory: its command file and FIFOs (held ones live on, unnamed)."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(directory):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, name))
+        os.rmdir(directory)
 
 
 def _poll(readers: list[int], writers: list[int], timeout: float) -> tuple[set[int], set[int]]:

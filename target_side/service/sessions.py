@@ -228,7 +228,8 @@ class SessionManager:
         if known is not None:
             return known
         if record.session.state != "open" or record.fence is None:
-            why = record.session.ended or record.session.state
+            refusal = record.session.refusal
+            why = record.session.ended or (refusal.detail if refusal else record.session.state)
             raise SessionEnded(
                 f"session {session_id} is {record.session.state} ({why}); "
                 "start another session, or run the turn without one"
