@@ -31,7 +31,9 @@ DESCRIPTION = (
     "configuration. Every route but `/v1/health` needs a role's bearer token. A refused turn "
     "is a turn (state `refused`, exit status 126 or 127), never an HTTP error; HTTP errors are "
     "RFC 9457 problem bodies (`application/problem+json`) for requests the target did not "
-    "take. docs/api.md in the paddock repository says the same in prose."
+    "take. A session (`/v1/sessions`) is one fence with one shell for many turns, each "
+    "naming it; a turn with `tty` runs on a terminal. docs/api.md in the paddock repository "
+    "says the same in prose."
 )
 
 BEARER = HTTPBearer(
