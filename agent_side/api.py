@@ -59,17 +59,27 @@ from agent_side.errors import AgentError, UsageError
 from agent_side.leases import HeldLease
 from agent_side.turns import Finished, drive, follow_turn, new_request, output_bytes, sole_role
 from shared.net import is_loopback
-from shared.wire import Event, Health, OutputEvent, Refusal, Turn, TurnRequest
+from shared.wire import (
+    Event,
+    Health,
+    OutputEvent,
+    Refusal,
+    SessionRequest,
+    Turn,
+    TurnRequest,
+)
 
 if TYPE_CHECKING:
     # paramiko is imported only when an SSH target is opened: it adds about a
     # third of a second to the start of every paddock command that never uses it.
+    from agent_side.sessions import AsyncTargetSession, TargetSession
     from agent_side.ssh import PassphraseSource, SshConnection, SshTimeouts
 
 CANCEL_WAIT_S = 60.0
 """How long a cancelled run waits for its submission's answer, to know which turn to kill."""
 
 _T = TypeVar("_T")
+_Leased = TypeVar("_Leased", TurnRequest, SessionRequest)
 
 
 @dataclass(frozen=True)
@@ -270,6 +280,49 @@ class Target:
         if self._held is held:
             self._held = None
 
+    def session(
+        self,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        read: Sequence[str] = (),
+        write: Sequence[str] = (),
+        network: bool = False,
+        timeout: float | None = None,
+        idle_s: float | None = None,
+        lifetime_s: float | None = None,
+        role: str | None = None,
+    ) -> TargetSession:
+        """Start a session (one fence, one shell) and return it; ``with`` ends it on leaving.
+
+        The fence is planned as ``run`` with the same arguments would be, and
+        a refusal raises ``SessionRefused`` (its ``refusal`` says why).
+        ``timeout`` is each turn's wall-time limit unless it asks for less;
+        ``idle_s`` and ``lifetime_s`` end the session (at most the role's).
+        agent_side/sessions.py shows it in use.
+        """
+        from agent_side.sessions import TargetSession, open_session, session_request
+
+        request = session_request(
+            role=role or self.role,
+            cwd=cwd,
+            env=env,
+            read=read,
+            write=write,
+            network=network,
+            timeout=timeout,
+            idle_s=idle_s,
+            lifetime_s=lifetime_s,
+        )
+        return TargetSession(self, open_session(self, self._under_held_lease(request)))
+
+    def _under_held_lease(self, request: _Leased) -> _Leased:
+        """``request``, carrying the lease this target holds for its role if it names none."""
+        held = self._held
+        if request.lease is None and held is not None and held.lease.role == request.role:
+            return request.model_copy(update={"lease": held.ref})
+        return request
+
     def run_request(
         self,
         request: TurnRequest,
@@ -281,9 +334,7 @@ class Target:
 
         A request naming no lease carries the one this target holds for its role, if any.
         """
-        held = self._held
-        if request.lease is None and held is not None and held.lease.role == request.role:
-            request = request.model_copy(update={"lease": held.ref})
+        request = self._under_held_lease(request)
         output = _Collector(on_event)
 
         def submitted(turn_id: str) -> None:
@@ -444,6 +495,38 @@ class AsyncTarget:
         except asyncio.CancelledError:
             await asyncio.shield(self._call(_kill_once_submitted, target, submission))
             raise
+
+    def session(
+        self,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        read: Sequence[str] = (),
+        write: Sequence[str] = (),
+        network: bool = False,
+        timeout: float | None = None,
+        idle_s: float | None = None,
+        lifetime_s: float | None = None,
+        role: str | None = None,
+    ) -> AsyncTargetSession:
+        """Like ``Target.session``; the session starts on ``async with`` (or ``await open()``)."""
+        from agent_side.sessions import AsyncTargetSession
+
+        options = {
+            "cwd": cwd,
+            "env": env,
+            "read": read,
+            "write": write,
+            "network": network,
+            "timeout": timeout,
+            "idle_s": idle_s,
+            "lifetime_s": lifetime_s,
+        }
+        return AsyncTargetSession(self, options, role)
+
+    async def call(self, function: Callable[..., _T], *args: object) -> _T:
+        """``function(*args)`` on one of this target's worker threads."""
+        return await self._call(function, *args)
 
     async def aclose(self) -> None:
         target, self._target = self._target, None

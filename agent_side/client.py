@@ -34,10 +34,12 @@ from agent_side.errors import (
     RequestRejected,
     SeatTaken,
     ServiceUnavailable,
+    SessionUnavailable,
     TargetBusy,
     TargetUnreachable,
     TlsFailure,
     TurnLost,
+    UnknownSession,
     UnknownTurn,
     UsageError,
     WrongScheme,
@@ -57,7 +59,10 @@ from shared.wire import (
     PlanResult,
     Problem,
     RenewRequest,
+    Resize,
     RoleList,
+    Session,
+    SessionRequest,
     SignalRequest,
     Turn,
     TurnRequest,
@@ -75,6 +80,10 @@ class _TurnList(RootModel[list[Turn]]):
 
 class _LeaseList(RootModel[list[Lease]]):
     """The body of ``GET /v1/leases``."""
+
+
+class _SessionList(RootModel[list[Session]]):
+    """The body of ``GET /v1/sessions``."""
 
 
 _MAX_SHOWN_BODY = 200
@@ -232,6 +241,45 @@ class TargetClient:
         )
         return self._model(Turn, response, 202)
 
+    def resize(self, turn_id: str, rows: int, cols: int) -> Turn:
+        """Set a terminal turn's window size (its foreground job is told)."""
+        try:
+            body = Resize(rows=rows, cols=cols).model_dump_json().encode()
+        except ValidationError as exc:
+            raise UsageError(f"a terminal of {rows}x{cols} is out of range: {exc}") from exc
+        path = f"/v1/turns/{_segment(turn_id)}/resize"
+        response = self._request("POST", path, content=body, turn_id=turn_id)
+        return self._model(Turn, response, 202)
+
+    def start_session(self, request: SessionRequest, idempotency_key: str | None = None) -> Session:
+        """Start a session (answered once its shell is ready, or it was refused)."""
+        headers = {} if idempotency_key is None else {"Idempotency-Key": idempotency_key}
+        body = request.model_dump_json(exclude_none=True).encode()
+
+        def attempt() -> Session:
+            response = self._request("POST", "/v1/sessions", content=body, headers=headers)
+            return self._model(Session, response, 201, 200)
+
+        dropped: tuple[type[AgentError], ...] = (
+            () if idempotency_key is None else (ConnectionDropped,)
+        )
+        return self._retrying(attempt, retry_on=dropped, while_busy=True)
+
+    def session(self, session_id: str) -> Session:
+        """The session as the target knows it now."""
+        path = f"/v1/sessions/{_segment(session_id, 'session id')}"
+        return self._model(Session, self._request("GET", path, session_id=session_id), 200)
+
+    def sessions(self, limit: int = 50) -> list[Session]:
+        """The newest ``limit`` sessions of this token's roles, newest first."""
+        response = self._request("GET", "/v1/sessions", params={"limit": str(limit)})
+        return self._model(_SessionList, response, 200).root
+
+    def end_session(self, session_id: str) -> Session:
+        """End the session: everything in it is killed (an ended one is answered as it is)."""
+        path = f"/v1/sessions/{_segment(session_id, 'session id')}"
+        return self._model(Session, self._request("DELETE", path, session_id=session_id), 200)
+
     def roles(self, token: str | None = None) -> list[str]:
         """The roles this token (or ``token``) holds, sorted (``GET /v1/roles``).
 
@@ -280,19 +328,19 @@ class TargetClient:
             content = RenewRequest(ttl_s=ttl_s).model_dump_json(exclude_none=True).encode()
         except ValidationError as exc:
             raise UsageError(f"the renewal is not valid: {_first_error(exc)}") from exc
-        path = f"/v1/leases/{_segment(lease_id, 'lease')}/renew"
+        path = f"/v1/leases/{_segment(lease_id, 'lease id')}/renew"
         return self._lease_answer(
             lease_id, self._request("POST", path, content=content, accept=(404, 409))
         )
 
     def release_lease(self, lease_id: str) -> Lease:
         """Give the seat up and forget the lease; its last state (``released`` if it held)."""
-        path = f"/v1/leases/{_segment(lease_id, 'lease')}"
+        path = f"/v1/leases/{_segment(lease_id, 'lease id')}"
         return self._lease_answer(lease_id, self._request("DELETE", path, accept=(404,)))
 
     def lease(self, lease_id: str) -> Lease:
         """The lease as the target knows it now; ``LeaseLost`` once released (or never known)."""
-        path = f"/v1/leases/{_segment(lease_id, 'lease')}"
+        path = f"/v1/leases/{_segment(lease_id, 'lease id')}"
         return self._lease_answer(lease_id, self._request("GET", path, accept=(404,)))
 
     def leases(self) -> list[Lease]:
@@ -421,6 +469,7 @@ class TargetClient:
         params: dict[str, str] | None = None,
         content_type: str = "application/json",
         turn_id: str | None = None,
+        session_id: str | None = None,
         accept: tuple[int, ...] = (),
     ) -> httpx.Response:
         """The response to one request; an ``AgentError`` unless it succeeded or is ``accept``ed."""
@@ -434,7 +483,7 @@ class TargetClient:
             )
         self._answered = True
         if not response.is_success and response.status_code not in accept:
-            raise _status_error(response, turn_id=turn_id)
+            raise _status_error(response, turn_id=turn_id, session_id=session_id)
         return response
 
     @staticmethod
@@ -532,11 +581,11 @@ def pinned_tls_context(ca_pem: str, source: str) -> ssl.SSLContext:
         raise UsageError(f"{source} holds no usable CA certificate: {exc}") from exc
 
 
-def _segment(turn_id: str, what: str = "turn") -> str:
-    # Ids are t-<hex> or l-<hex>; anything else must not be able to steer the request path.
-    if not turn_id or any(c in turn_id for c in "/?#%") or turn_id in (".", ".."):
-        raise UsageError(f"{turn_id!r} is not a {what} id")
-    return turn_id
+def _segment(ident: str, what: str = "turn id") -> str:
+    # Ids are t-<hex> and s-<hex>; anything else must not be able to steer the request path.
+    if not ident or any(c in ident for c in "/?#%") or ident in (".", ".."):
+        raise UsageError(f"{ident!r} is not a {what}")
+    return ident
 
 
 def _require_event_stream(response: httpx.Response) -> None:
@@ -558,10 +607,21 @@ def _event_of(frame: ServerSentEvent) -> Event:
     return event
 
 
-def _status_error(response: httpx.Response, *, turn_id: str | None) -> AgentError:
+def _status_error(
+    response: httpx.Response, *, turn_id: str | None, session_id: str | None = None
+) -> AgentError:
     status = response.status_code
     problem = _problem(response)
     said = _problem_text(problem, response)
+    if problem is not None and problem.title == "Unknown session":
+        session_id = session_id or "named"
+        return UnknownSession(
+            f"the target knows no session {session_id} of this role (404: {said}); "
+            "'paddock sessions' lists them"
+        )
+    if status == 409 and problem is not None and problem.title.startswith("Session"):
+        running = getattr(problem, "turn_id", None)
+        return SessionUnavailable(f"{said}", running if isinstance(running, str) else None)
     if status == 401:
         return AuthRejected(
             f"the target rejected the token (401: {said}); "

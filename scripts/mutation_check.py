@@ -522,8 +522,8 @@ MUTATIONS = (
     Mutation(
         "one-program-rule-unstated",
         "shared/wire.py",
-        "    model_config = ConfigDict(json_schema_extra=_ONE_PROGRAM)\n",
-        "",
+        "    model_config = ConfigDict(json_schema_extra=_ONE_PROGRAM | _SESSION_TURN)\n",
+        "    model_config = ConfigDict(json_schema_extra=_SESSION_TURN)\n",
         ("tests/test_openapi.py -k decides_as_the_model or one_program",),
     ),
     Mutation(
@@ -892,6 +892,21 @@ MUTATIONS += (
         ),
     ),
     Mutation(
+        "session-turn-lease-unchecked",
+        "target_side/service/sessions.py",
+        "        self.turns.leases.admit(request.role, request.lease or record.lease)",
+        "        pass",
+        ("tests/test_leases.py -k zombies_session_turns",),
+    ),
+    Mutation(
+        "session-lease-unchecked-at-start",
+        "target_side/service/sessions.py",
+        "            leases.admit(request.role, request.lease)\n            record.lease",
+        "            record.lease",
+        ("tests/test_leases.py -k refuses_a_session_without_one",),
+        also=(("            leases.admit(request.role, request.lease)\n", ""),),
+    ),
+    Mutation(
         "lease-not-required",
         "target_side/service/leases.py",
         "            if config is not None and config.require_lease:",
@@ -911,6 +926,76 @@ MUTATIONS += (
                 "",
             ),
         ),
+    ),
+)
+
+
+SESSION_TESTS = "tests/test_sessions.py"
+"""Sessions and terminals over real bubblewrap and a real target."""
+
+MUTATIONS += (
+    Mutation(
+        "session-turn-widens-its-fence",
+        "shared/wire.py",
+        "        if self.session is None:\n            return self",
+        "        if True:\n            return self",
+        (SESSION_TESTS + " -k may_not_set_fence_fields",),
+    ),
+    Mutation(
+        "session-shell-root-inside",
+        "target_side/policy/sessions.py",
+        "        stdin_open=True,\n    )",
+        "        stdin_open=True,\n        uid=0,\n        gid=0,\n    )",
+        (SESSION_TESTS + "::test_session_shell_runs_as_the_roles_uid",),
+    ),
+    Mutation(
+        "session-turn-asks-past-its-session",
+        "target_side/service/sessions.py",
+        "    if asked is not None and asked > most:\n        raise refusals.limit_exceeds_session",
+        "    if False:\n        raise refusals.limit_exceeds_session",
+        (SESSION_TESTS + "::test_session_turn_cannot_ask_for_more_than_its_session",),
+    ),
+    Mutation(
+        "session-limits-not-its-own",
+        "target_side/policy/sessions.py",
+        'limits=plan.limits.model_copy(update={"wall_s": session_s}),',
+        'limits=plan.limits.model_copy(update={"wall_s": session_s, "pids": maxima.pids}),',
+        (SESSION_TESTS + "::test_session_cgroup_bounds_all_its_turns_together",),
+    ),
+    Mutation(
+        "session-turn-not-audited",
+        "target_side/service/sessions.py",
+        "        audit_plan = replace(plan.fence, turn_id=turn_id)",
+        "        audit_plan = replace(plan.fence, turn_id=turn_id, audit={})",
+        (SESSION_TESTS + "::test_session_audits_protected_names_after_each_turn",),
+    ),
+    Mutation(
+        "session-end-not-audited",
+        "target_side/service/sessions.py",
+        "fence_plan.role, (fence_plan.uid, fence_plan.gid), fence_plan.audit, _id(record)",
+        "fence_plan.role, (fence_plan.uid, fence_plan.gid), {}, _id(record)",
+        (SESSION_TESTS + "::test_session_audits_protected_names_when_it_ends",),
+    ),
+    Mutation(
+        "session-of-another-role-visible",
+        "target_side/service/sessions.py",
+        "        if record is None or record.session.role not in roles:",
+        "        if record is None:",
+        (SESSION_TESTS + " -k other_roles_session",),
+    ),
+    Mutation(
+        "terminal-turn-unfiltered",
+        "target_side/fence/launch.py",
+        "        seccomp = syscall_filter.filter_fd(network=plan.network)",
+        "        seccomp = None if plan.tty else syscall_filter.filter_fd(network=plan.network)",
+        ("tests/test_terminals.py -k tiocsti",),
+    ),
+    Mutation(
+        "terminal-not-the-commands-own",
+        "target_side/fence/launch.py",
+        '    return [plan.terminal_helper, "--ctty", "--"]',
+        "    return []",
+        ("tests/test_terminals.py -k controlling_terminal or ctrl_c",),
     ),
 )
 

@@ -203,6 +203,10 @@ class RoleLimits(_Section):
     scratch_mb: int = Field(default=1024, gt=0)
     turns: int | None = Field(default=None, gt=0)
     """This role's turns running at once (default: only ``[server] max_turns`` bounds them)."""
+    session_s: float = Field(default=28800, gt=0)
+    """How long one session of this role may live, at most."""
+    session_idle_s: float = Field(default=1800, gt=0)
+    """How long one session of this role may go without a turn, at most."""
 
 
 class RoleHome(_Section):

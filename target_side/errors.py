@@ -22,7 +22,11 @@
      ├── StdinClosed          the turn takes no input (HTTP 409)
      ├── UnknownLease         no lease with that id is visible to the caller (HTTP 404)
      ├── SeatHeld             another lease holds the seat; ``supersede`` takes it (HTTP 409)
-     └── LeaseEnded           the lease was superseded, released or has lapsed (HTTP 409)
+     ├── LeaseEnded           the lease was superseded, released or has lapsed (HTTP 409)
+     ├── NoTerminal           the turn runs on no terminal: it cannot be resized (HTTP 409)
+     ├── UnknownSession       no session with that id is visible to the caller (HTTP 404)
+     ├── SessionBusy          the session runs another turn; one at a time (HTTP 409)
+     └── SessionEnded         the session has ended: it runs no more turns (HTTP 409)
 
 A refusal is a turn's outcome, not a failure of the target: ``RefusedError``
 only carries one from where a rule is detected to where the turn is recorded.
@@ -154,3 +158,24 @@ class LeaseEnded(TargetError):
     def __init__(self, message: str, state: str) -> None:
         super().__init__(message)
         self.state = state
+
+
+class NoTerminal(TargetError):
+    """The turn was not started with ``tty``, so it has no terminal to resize."""
+
+
+class UnknownSession(TargetError):
+    """No session with that id is visible to the caller."""
+
+
+class SessionBusy(TargetError):
+    """The session is running another turn; it runs one at a time."""
+
+    def __init__(self, message: str, turn_id: str | None) -> None:
+        super().__init__(message)
+        self.turn_id = turn_id
+        """The turn it is running (None while that turn is being started)."""
+
+
+class SessionEnded(TargetError):
+    """The session has ended (or never opened): it runs no more turns."""

@@ -409,6 +409,43 @@ def test_lease_required_by_the_role_refuses_a_turn_without_one(leased: Target) -
         assert refusal is not None and refusal.rule == "outside-workspace", refusal
 
 
+def test_lease_required_by_the_role_refuses_a_session_without_one(leased: Target) -> None:
+    with leased.client() as c:
+        bare = c.post("/v1/sessions", json={"role": "builder"})
+        assert bare.status_code == 201, bare.text
+        assert bare.json()["state"] == "refused"
+        assert bare.json()["refusal"]["rule"] == "stale-lease"
+        lease = _lease(_take(c, "session-seat", ttl_s=120))
+        opened = c.post("/v1/sessions", json={"role": "builder", "lease": _ref(lease)})
+        assert opened.json()["state"] == "open", opened.text
+        session = opened.json()["session_id"]
+        try:
+            turn, evs = run(c, ENV, session=session)  # names no lease: acts under the session's
+            assert turn.exit_code == 0 and output(evs) == "session-seat 1\n"
+        finally:
+            c.delete(f"/v1/sessions/{session}")
+
+
+def test_lease_superseded_refuses_the_zombies_session_turns(target: Target) -> None:
+    with target.client() as zombie, target.client() as replacement:
+        first = _lease(_take(zombie, "session-zombie", ttl_s=120))
+        opened = zombie.post("/v1/sessions", json={"role": "builder", "lease": _ref(first)})
+        assert opened.json()["state"] == "open", opened.text
+        session = opened.json()["session_id"]
+        try:
+            assert run(zombie, ["true"], session=session)[0].exit_code == 0
+            _lease(_take(replacement, "session-zombie", ttl_s=120, supersede=True))
+            refused, evs = run(zombie, ["true"], session=session)
+            assert (refused.state, refused.exit_code) == ("refused", 126)
+            assert refused.refusal is not None and refused.refusal.rule == "stale-lease"
+            assert evs[-1].kind == "refused"
+            # A refused turn leaves the session free: the next one is refused the same way.
+            again, _ = run(zombie, ["true"], session=session, lease=_ref(first))
+            assert again.refusal is not None and again.refusal.rule == "stale-lease"
+        finally:
+            zombie.delete(f"/v1/sessions/{session}")
+
+
 def test_lease_records_are_in_the_ledger_and_generations_survive_a_restart(
     tmp_path: Path, ca: trustme.CA
 ) -> None:

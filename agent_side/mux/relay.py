@@ -142,6 +142,7 @@ def _request(target: Target, message: Message) -> TurnRequest:
             network=bool(fields.get("network")),
             wall_s=fields.get("wall_s"),
             lease=_lease_of(fields.get("lease")),
+            session=fields.get("session"),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise UsageError(f"the multiplexer was sent a malformed turn: {exc}") from exc

@@ -101,7 +101,8 @@ HELPER_TIMEOUT_S = 30.0
 """How long a helper running as a role (audit, signal walk, home mode) may take."""
 SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 """What ``signal`` sends; SIGKILL is ``kill``, which needs no walk."""
-_TURN_ID = re.compile(r"t-[0-9a-f]{1,64}")
+_TURN_ID = re.compile(r"[ts]-[0-9a-f]{1,64}")
+"""A turn's id, or a session's (a session's fence is audited when it ends)."""
 
 
 # --- the wire: length-prefixed JSON frames, descriptors riding on them --------------------
@@ -609,7 +610,7 @@ class Session:
         role, uid, gid = self.grants.checked_ids(message)
         turn_id, expected = message.get("turn_id"), message.get("expected")
         if not isinstance(turn_id, str) or not _TURN_ID.fullmatch(turn_id):
-            raise LauncherError(f"turn id {turn_id!r} is not one paddock makes")
+            raise LauncherError(f"turn or session id {turn_id!r} is not one paddock makes")
         if not isinstance(expected, dict):
             raise LauncherError("expected must map paths to link targets or null")
         workspaces = self.grants.workspaces(role)
