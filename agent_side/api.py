@@ -22,6 +22,12 @@ Over SSH, an HTTPS listener's certificate is checked against ``cacert`` when
 given, else against the CA the target host keeps at ``remote_cacert`` (where
 ``paddock deploy`` puts it), read over the SSH connection already verified.
 
+``with target.lease(seat, ttl_s=60) as held:`` takes a lease on a seat (by
+default the role's first workspace), renews it in the background, and
+releases it at the end; every turn the target runs meanwhile carries it, so
+the target refuses them once a newer holder has superseded it
+(``held.lost`` then says so).
+
 With ``cursors=CursorStore.for_user(os.environ, url)`` a ``Target`` records,
 per turn, the last event handed to ``on_event`` (once the callback returned),
 as ``paddock run`` does for what it prints; ``attach(turn_id)`` goes on from
@@ -50,6 +56,7 @@ from agent_side.client import DEFAULT_TIMEOUT, TargetClient, pinned_tls_context,
 from agent_side.cursors import Cursor, CursorStore
 from agent_side.defaults import DEFAULT_SSH_TARGET, REMOTE_CA
 from agent_side.errors import AgentError, UsageError
+from agent_side.leases import HeldLease
 from agent_side.turns import Finished, drive, follow_turn, new_request, output_bytes, sole_role
 from shared.net import is_loopback
 from shared.wire import (
@@ -60,6 +67,7 @@ from shared.wire import (
     Health,
     OutputEvent,
     Refusal,
+    SessionRequest,
     Turn,
     TurnRequest,
 )
@@ -67,12 +75,14 @@ from shared.wire import (
 if TYPE_CHECKING:
     # paramiko is imported only when an SSH target is opened: it adds about a
     # third of a second to the start of every paddock command that never uses it.
+    from agent_side.sessions import AsyncTargetSession, TargetSession
     from agent_side.ssh import PassphraseSource, SshConnection, SshTimeouts
 
 CANCEL_WAIT_S = 60.0
 """How long a cancelled run waits for its submission's answer, to know which turn to kill."""
 
 _T = TypeVar("_T")
+_Leased = TypeVar("_Leased", TurnRequest, SessionRequest)
 
 
 @dataclass(frozen=True)
@@ -111,6 +121,7 @@ class Target:
         self._role = role
         self._ssh = ssh
         self._cursors = cursors
+        self._held: HeldLease | None = None
 
     @classmethod
     def https(
@@ -246,6 +257,75 @@ class Target:
         )
         return self.run_request(request, on_event=on_event)
 
+    def lease(
+        self,
+        seat: str | None = None,
+        ttl_s: float = 60.0,
+        *,
+        supersede: bool = False,
+        role: str | None = None,
+    ) -> HeldLease:
+        """Take a lease on ``seat``, renewed in the background; turns run meanwhile carry it.
+
+        Use as a context manager (leaving it releases the lease). ``SeatTaken``
+        while another lease holds the seat, unless ``supersede``.
+        """
+        if self._held is not None:
+            raise UsageError(
+                f"this Target already holds lease {self._held.lease.lease_id}; release it "
+                "first, or open another Target for a second seat"
+            )
+        lease = self._client.take_lease(role or self.role, seat, ttl_s, supersede=supersede)
+        self._held = HeldLease(self._client, lease, on_close=self._lease_closed)
+        return self._held.start()
+
+    def _lease_closed(self, held: HeldLease) -> None:
+        if self._held is held:
+            self._held = None
+
+    def session(
+        self,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        read: Sequence[str] = (),
+        write: Sequence[str] = (),
+        network: bool = False,
+        timeout: float | None = None,
+        idle_s: float | None = None,
+        lifetime_s: float | None = None,
+        role: str | None = None,
+    ) -> TargetSession:
+        """Start a session (one fence, one shell) and return it; ``with`` ends it on leaving.
+
+        The fence is planned as ``run`` with the same arguments would be, and
+        a refusal raises ``SessionRefused`` (its ``refusal`` says why).
+        ``timeout`` is each turn's wall-time limit unless it asks for less;
+        ``idle_s`` and ``lifetime_s`` end the session (at most the role's).
+        agent_side/sessions.py shows it in use.
+        """
+        from agent_side.sessions import TargetSession, open_session, session_request
+
+        request = session_request(
+            role=role or self.role,
+            cwd=cwd,
+            env=env,
+            read=read,
+            write=write,
+            network=network,
+            timeout=timeout,
+            idle_s=idle_s,
+            lifetime_s=lifetime_s,
+        )
+        return TargetSession(self, open_session(self, self._under_held_lease(request)))
+
+    def _under_held_lease(self, request: _Leased) -> _Leased:
+        """``request``, carrying the lease this target holds for its role if it names none."""
+        held = self._held
+        if request.lease is None and held is not None and held.lease.role == request.role:
+            return request.model_copy(update={"lease": held.ref})
+        return request
+
     def run_request(
         self,
         request: TurnRequest,
@@ -253,7 +333,11 @@ class Target:
         on_event: Callable[[Event], None] | None = None,
         on_submitted: Callable[[str], None] | None = None,
     ) -> RunResult:
-        """Run a prepared ``TurnRequest``; ``on_submitted`` gets the turn id once it exists."""
+        """Run a prepared ``TurnRequest``; ``on_submitted`` gets the turn id once it exists.
+
+        A request naming no lease carries the one this target holds for its role, if any.
+        """
+        request = self._under_held_lease(request)
         output = _Collector(on_event)
 
         def submitted(turn_id: str) -> None:
@@ -337,8 +421,10 @@ class Target:
         return files.put_dir(self._client, role or self.role, local_dir, path)
 
     def close(self) -> None:
-        """Close the HTTP pool, then the SSH connection under it."""
+        """Release a lease still held, close the HTTP pool, then the SSH connection under it."""
         try:
+            if self._held is not None:
+                self._held.close()
             self._client.close()
         finally:
             if self._ssh is not None:
@@ -401,6 +487,18 @@ class AsyncTarget:
 
     async def health(self) -> Health:
         return await self._call(self.target.health)
+
+    async def lease(
+        self,
+        seat: str | None = None,
+        ttl_s: float = 60.0,
+        *,
+        supersede: bool = False,
+        role: str | None = None,
+    ) -> HeldLease:
+        """Like ``Target.lease``, awaited: ``async with await target.lease(seat) as held:``."""
+        take = functools.partial(self.target.lease, seat, ttl_s, supersede=supersede, role=role)
+        return await self._call(take)
 
     async def run(
         self,
@@ -480,6 +578,38 @@ class AsyncTarget:
     ) -> ArchiveWritten:
         """Like ``Target.put_dir``, awaited."""
         return await self._call(functools.partial(self.target.put_dir, local_dir, path, role=role))
+
+    def session(
+        self,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        read: Sequence[str] = (),
+        write: Sequence[str] = (),
+        network: bool = False,
+        timeout: float | None = None,
+        idle_s: float | None = None,
+        lifetime_s: float | None = None,
+        role: str | None = None,
+    ) -> AsyncTargetSession:
+        """Like ``Target.session``; the session starts on ``async with`` (or ``await open()``)."""
+        from agent_side.sessions import AsyncTargetSession
+
+        options = {
+            "cwd": cwd,
+            "env": env,
+            "read": read,
+            "write": write,
+            "network": network,
+            "timeout": timeout,
+            "idle_s": idle_s,
+            "lifetime_s": lifetime_s,
+        }
+        return AsyncTargetSession(self, options, role)
+
+    async def call(self, function: Callable[..., _T], *args: object) -> _T:
+        """``function(*args)`` on one of this target's worker threads."""
+        return await self._call(function, *args)
 
     async def aclose(self) -> None:
         target, self._target = self._target, None

@@ -54,14 +54,14 @@ MUTATIONS = (
     ),
     Mutation(
         "symlinks-not-followed",
-        "target_side/policy/plan.py",
-        "        resolved = resolve(subject, path)\n        self._check_forbidden(subject, path, resolved)",
-        "        resolved = posixpath.normpath(path)\n        self._check_forbidden(subject, path, resolved)",
+        "target_side/policy/mounts.py",
+        '        resolved = path if subject == "roles.home" else resolve(subject, path)',
+        '        resolved = path if subject == "roles.home" else posixpath.normpath(path)',
         ("tests/test_fence.py::test_fs_read_through_a_symlink_to_forbidden_path_is_refused",),
     ),
     Mutation(
         "workspace-unchecked",
-        "target_side/policy/plan.py",
+        "target_side/policy/mounts.py",
         "        if not any(is_within(resolved, w) for w in self.workspaces):",
         "        if False:",
         ("tests/test_fence.py -k outside_workspace or escaping",),
@@ -85,9 +85,9 @@ MUTATIONS = (
     ),
     Mutation(
         "root-inside",
-        "target_side/policy/plan.py",
-        "return (NOBODY, NOBODY) if uid == 0 else (uid, gid)",
-        "return (0, 0)",
+        "target_side/fence/launch.py",
+        '        "--uid",\n        str(plan.uid),\n',
+        '        "--uid",\n        "0",\n',
         ("tests/test_fence.py::test_fence_runs_as_non_root_without_capabilities",),
     ),
     Mutation(
@@ -99,21 +99,21 @@ MUTATIONS = (
     ),
     Mutation(
         "server-env-inherited",
-        "target_side/policy/plan.py",
+        "target_side/policy/environment.py",
         "    env |= {name: server_env[name] for name in INHERITED_ENV if name in server_env}",
-        "    env |= server_env",
+        "    env |= dict(server_env)",
         ("tests/test_fence.py::test_fence_env_is_the_allowlist",),
     ),
     Mutation(
         "bwrap-under-server-env",
-        "target_side/fence/runner.py",
-        "            env=env,\n",
-        "            env={**os.environ, **env},\n",
+        "target_side/fence/identity.py",
+        "            env=BWRAP_ENV,\n            pass_fds=tuple(pass_fds),",
+        "            env={**os.environ, **BWRAP_ENV},\n            pass_fds=tuple(pass_fds),",
         ("tests/test_fence.py::test_fence_env_hostile_server_env_never_arrives",),
     ),
     Mutation(
         "reserved-env-accepted",
-        "target_side/policy/plan.py",
+        "target_side/policy/environment.py",
         '        if name.startswith("PADDOCK_"):',
         "        if False:",
         ("tests/test_fence.py::test_reserved_env_name_is_refused",),
@@ -121,8 +121,8 @@ MUTATIONS = (
     Mutation(
         "git-hooks-writable",
         "target_side/policy/plan.py",
-        "    planner.protect_git()\n",
-        "",
+        "    audit = protect_writable(planner, settings)\n",
+        "    audit: dict[str, str | None] = {}\n",
         ("tests/test_fence.py::test_fence_git_hooks_stay_read_only",),
     ),
     Mutation(
@@ -169,8 +169,8 @@ MUTATIONS = (
     ),
     Mutation(
         "unlinked-source-reported-as-backend-failure",
-        "target_side/fence/runner.py",
-        """ or "Can't find source path /proc/self/fd/" in last""",
+        "target_side/fence/launch.py",
+        ' or "Can\'t find source path /proc/self/fd/" in last',
         "",
         ("tests/test_held_paths.py -k unlinked",),
     ),
@@ -183,7 +183,7 @@ MUTATIONS = (
     ),
     Mutation(
         "socket-mounts-allowed",
-        "target_side/policy/plan.py",
+        "target_side/policy/mounts.py",
         "        if stat.S_ISSOCK(st.st_mode):",
         "        if False:",
         ("tests/test_fence.py -k socket",),
@@ -220,14 +220,14 @@ MUTATIONS = (
     ),
     Mutation(
         "executable-trust-unchecked",
-        "target_side/policy/plan.py",
-        "    _check_trusted(given, resolved, st)\n",
-        "",
+        "target_side/policy/executables.py",
+        "    problem = trust.file_problem(st, uid)\n",
+        "    problem = None\n",
         ("tests/test_held_paths.py -k shim_in_world_writable or someone_else or group_writable",),
         also=(
+            ("    _check_directories(given, resolved, posixpath.dirname(resolved), uid)\n", ""),
             (
-                '    _check_directories(given, resolved, resolve("argv[0]", posixpath.dirname(candidate)))'
-                "\n",
+                '    _check_directories(given, resolved, resolve("argv[0]", posixpath.dirname(candidate)), uid)\n',
                 "",
             ),
         ),
@@ -235,8 +235,8 @@ MUTATIONS = (
     Mutation(
         "seccomp-filter-skipped",
         "target_side/fence/launch.py",
-        "            seccomp=_opened(opened, syscall_filter.filter_fd()),",
-        "            seccomp=None,",
+        "        seccomp = syscall_filter.filter_fd(network=plan.network)",
+        "        seccomp = None",
         ("tests/test_seccomp.py -k eperm or enosys",),
     ),
     Mutation(
@@ -438,8 +438,8 @@ MUTATIONS = (
     Mutation(
         "cursor-recorded-before-delivery",
         "agent_side/streaming.py",
-        "        self._show(event)\n        if self.cursor is not None and not self.pipe_broken:\n            self.cursor.delivered(event.seq)",
-        "        if self.cursor is not None:\n            self.cursor.delivered(event.seq)\n        self._show(event)",
+        "        self.show(event)\n        if self.cursor is not None and not self.pipe_broken:\n            self.cursor.delivered(event.seq)",
+        "        if self.cursor is not None:\n            self.cursor.delivered(event.seq)\n        self.show(event)",
         (
             "tests/test_cursors.py::test_logs_follow_into_a_closed_pipe_records_nothing_it_could_not_write",
         ),
@@ -524,8 +524,8 @@ MUTATIONS = (
     Mutation(
         "one-program-rule-unstated",
         "shared/wire.py",
-        "    model_config = ConfigDict(json_schema_extra=_ONE_PROGRAM)\n",
-        "",
+        "    model_config = ConfigDict(json_schema_extra=_ONE_PROGRAM | _SESSION_TURN)\n",
+        "    model_config = ConfigDict(json_schema_extra=_SESSION_TURN)\n",
         ("tests/test_openapi.py -k decides_as_the_model or one_program",),
     ),
     Mutation(
@@ -550,8 +550,8 @@ MUTATIONS += (
     Mutation(
         "bwrap-under-the-turns-env",
         "target_side/fence/launch.py",
-        "plan.stdin_open, env=BWRAP_ENV",
-        "plan.stdin_open, env={**BWRAP_ENV, **plan.env}",
+        "        *prefix,\n",
+        '        *prefix,\n        "/usr/bin/env",\n        *(f"{k}={v}" for k, v in plan.env.items()),\n',
         (f"{HOST_EDGES} -k env_loader_variables or bwraps_command_line",),
     ),
     Mutation(
@@ -570,9 +570,9 @@ MUTATIONS += (
     ),
     Mutation(
         "supplementary-groups-kept",
-        "target_side/fence/launch.py",
-        "        extra_groups=[] if switch else None,",
-        "        extra_groups=None,",
+        "target_side/fence/identity.py",
+        "            extra_groups=[] if switch else None,",
+        "            extra_groups=None,",
         (f"{HOST_EDGES}::test_identity_files_a_turn_makes_belong_to_its_role",),
     ),
     Mutation(
@@ -592,8 +592,8 @@ MUTATIONS += (
     Mutation(
         "protected-names-audit-skipped",
         "target_side/service/turns.py",
-        "audit.enforce, plan.audit, plan.turn_id",
-        "audit.enforce, {}, plan.turn_id",
+        "plan.role, (plan.uid, plan.gid), plan.audit, plan.turn_id",
+        "plan.role, (plan.uid, plan.gid), {}, plan.turn_id",
         (
             f"{HOST_EDGES} -k redirection_created or hooks_missing or new_ones_at_the_top or symlink_repointed",
         ),
@@ -1020,6 +1020,142 @@ MUTATIONS += (
         (
             "tests/test_mux.py::test_mux_keeps_the_token_out_of_its_command_line_environment_and_log",
         ),
+    ),
+    Mutation(
+        "lease-generation-not-checked",
+        "target_side/service/leases.py",
+        "        if not lease.generation == grant.generation == seat.generation:",
+        "        if False:",
+        (
+            "tests/test_leases.py -k superseded_generation_is_refused",
+            "tests/test_leases.py -k zombie",
+        ),
+    ),
+    Mutation(
+        "lease-of-another-role-accepted",
+        "target_side/service/leases.py",
+        "        if seat is None or grant is None or seat.role != role:",
+        "        if seat is None or grant is None:",
+        (
+            "tests/test_leases.py -k another_role_or_seat",
+            "tests/test_leases.py -k leases_own_role",
+        ),
+    ),
+    Mutation(
+        "superseded-lease-renewable",
+        "target_side/service/leases.py",
+        "            if grant.generation != seat.generation:\n                raise LeaseEnded(",
+        "            if False:\n                raise LeaseEnded(",
+        (
+            "tests/test_leases.py -k superseded_is_never_renewed",
+            "tests/test_leases.py -k zombie",
+        ),
+    ),
+    Mutation(
+        "session-turn-lease-unchecked",
+        "target_side/service/sessions.py",
+        "        self.turns.leases.admit(request.role, request.lease or record.lease)",
+        "        pass",
+        ("tests/test_leases.py -k zombies_session_turns",),
+    ),
+    Mutation(
+        "session-lease-unchecked-at-start",
+        "target_side/service/sessions.py",
+        "            leases.admit(request.role, request.lease)\n            record.lease",
+        "            record.lease",
+        ("tests/test_leases.py -k refuses_a_session_without_one",),
+        also=(("            leases.admit(request.role, request.lease)\n", ""),),
+    ),
+    Mutation(
+        "lease-not-required",
+        "target_side/service/leases.py",
+        "            if config is not None and config.require_lease:",
+        "            if False:",
+        ("tests/test_leases.py -k required",),
+    ),
+    Mutation(
+        "lease-not-checked-at-launch",
+        "target_side/service/turns.py",
+        "            self.leases.admit(request.role, request.lease)\n            # Off the event loop",
+        "            # Off the event loop",
+        ("tests/test_leases.py -k zombie",),
+        also=(
+            (
+                "            # Again at launch: a seat taken over while the turn was planned "
+                "refuses it.\n            self.leases.admit(request.role, request.lease)\n",
+                "",
+            ),
+        ),
+    ),
+)
+
+
+SESSION_TESTS = "tests/test_sessions.py"
+"""Sessions and terminals over real bubblewrap and a real target."""
+
+MUTATIONS += (
+    Mutation(
+        "session-turn-widens-its-fence",
+        "shared/wire.py",
+        "        if self.session is None:\n            return self",
+        "        if True:\n            return self",
+        (SESSION_TESTS + " -k may_not_set_fence_fields",),
+    ),
+    Mutation(
+        "session-shell-root-inside",
+        "target_side/policy/sessions.py",
+        "        stdin_open=True,\n    )",
+        "        stdin_open=True,\n        uid=0,\n        gid=0,\n    )",
+        (SESSION_TESTS + "::test_session_shell_runs_as_the_roles_uid",),
+    ),
+    Mutation(
+        "session-turn-asks-past-its-session",
+        "target_side/service/sessions.py",
+        "    if asked is not None and asked > most:\n        raise refusals.limit_exceeds_session",
+        "    if False:\n        raise refusals.limit_exceeds_session",
+        (SESSION_TESTS + "::test_session_turn_cannot_ask_for_more_than_its_session",),
+    ),
+    Mutation(
+        "session-limits-not-its-own",
+        "target_side/policy/sessions.py",
+        'limits=plan.limits.model_copy(update={"wall_s": session_s}),',
+        'limits=plan.limits.model_copy(update={"wall_s": session_s, "pids": maxima.pids}),',
+        (SESSION_TESTS + "::test_session_cgroup_bounds_all_its_turns_together",),
+    ),
+    Mutation(
+        "session-turn-not-audited",
+        "target_side/service/sessions.py",
+        "        audit_plan = replace(plan.fence, turn_id=turn_id)",
+        "        audit_plan = replace(plan.fence, turn_id=turn_id, audit={})",
+        (SESSION_TESTS + "::test_session_audits_protected_names_after_each_turn",),
+    ),
+    Mutation(
+        "session-end-not-audited",
+        "target_side/service/sessions.py",
+        "fence_plan.role, (fence_plan.uid, fence_plan.gid), fence_plan.audit, _id(record)",
+        "fence_plan.role, (fence_plan.uid, fence_plan.gid), {}, _id(record)",
+        (SESSION_TESTS + "::test_session_audits_protected_names_when_it_ends",),
+    ),
+    Mutation(
+        "session-of-another-role-visible",
+        "target_side/service/sessions.py",
+        "        if record is None or record.session.role not in roles:",
+        "        if record is None:",
+        (SESSION_TESTS + " -k other_roles_session",),
+    ),
+    Mutation(
+        "terminal-turn-unfiltered",
+        "target_side/fence/launch.py",
+        "        seccomp = syscall_filter.filter_fd(network=plan.network)",
+        "        seccomp = None if plan.tty else syscall_filter.filter_fd(network=plan.network)",
+        ("tests/test_terminals.py -k tiocsti",),
+    ),
+    Mutation(
+        "terminal-not-the-commands-own",
+        "target_side/fence/launch.py",
+        '    return [plan.terminal_helper, "--ctty", "--"]',
+        "    return []",
+        ("tests/test_terminals.py -k controlling_terminal or ctrl_c",),
     ),
 )
 

@@ -21,6 +21,13 @@
      ├── UnknownTurn          no turn with that id is visible to the caller (HTTP 404)
      ├── TurnNotRunning       the turn has ended: it takes no signal or input (HTTP 409)
      ├── StdinClosed          the turn takes no input (HTTP 409)
+     ├── UnknownLease         no lease with that id is visible to the caller (HTTP 404)
+     ├── SeatHeld             another lease holds the seat; ``supersede`` takes it (HTTP 409)
+     ├── LeaseEnded           the lease was superseded, released or has lapsed (HTTP 409)
+     ├── NoTerminal           the turn runs on no terminal: it cannot be resized (HTTP 409)
+     ├── UnknownSession       no session with that id is visible to the caller (HTTP 404)
+     ├── SessionBusy          the session runs another turn; one at a time (HTTP 409)
+     ├── SessionEnded         the session has ended: it runs no more turns (HTTP 409)
      └── FileOpFailed         a file operation was not carried out (refused, or the host said no)
 
 A refusal is a turn's outcome, not a failure of the target: ``RefusedError``
@@ -134,6 +141,50 @@ class TurnNotRunning(TargetError):
 
 class StdinClosed(TargetError):
     """The turn was not started with ``stdin: open``, or its stdin is already closed."""
+
+
+class UnknownLease(TargetError):
+    """No lease with that id is visible to the caller (HTTP 404)."""
+
+
+class SeatHeld(TargetError):
+    """Another lease holds the seat; only a request that supersedes it may take it (HTTP 409)."""
+
+    def __init__(self, message: str, seat: str, generation: int, expires_at: str) -> None:
+        super().__init__(message)
+        self.seat = seat
+        self.generation = generation
+        """The holder's generation: the one a superseding lease follows."""
+        self.expires_at = expires_at
+
+
+class LeaseEnded(TargetError):
+    """The lease no longer holds its seat (superseded, released, lapsed): it cannot be renewed."""
+
+    def __init__(self, message: str, state: str) -> None:
+        super().__init__(message)
+        self.state = state
+
+
+class NoTerminal(TargetError):
+    """The turn was not started with ``tty``, so it has no terminal to resize."""
+
+
+class UnknownSession(TargetError):
+    """No session with that id is visible to the caller."""
+
+
+class SessionBusy(TargetError):
+    """The session is running another turn; it runs one at a time."""
+
+    def __init__(self, message: str, turn_id: str | None) -> None:
+        super().__init__(message)
+        self.turn_id = turn_id
+        """The turn it is running (None while that turn is being started)."""
+
+
+class SessionEnded(TargetError):
+    """The session has ended (or never opened): it runs no more turns."""
 
 
 class FileOpFailed(TargetError):

@@ -30,18 +30,28 @@ FILE_STATUSES = {403, 404, 408, 409, 413, 507}
 
 ERRORS = {
     ("get", "/v1/health"): set(),
-    ("post", "/v1/turns"): {400, 401, 403, 413, 422, 429, 503},
+    ("post", "/v1/turns"): {400, 401, 403, 404, 409, 413, 422, 429, 503},
     ("get", "/v1/turns"): {401, 422},
     ("get", "/v1/turns/{turn_id}"): {401, 404},
     ("get", "/v1/turns/{turn_id}/events"): {401, 404, 422},
     ("post", "/v1/turns/{turn_id}/signal"): {400, 401, 404, 409, 413, 422},
     ("post", "/v1/turns/{turn_id}/stdin"): {401, 404, 409, 413, 422},
+    ("post", "/v1/turns/{turn_id}/resize"): {400, 401, 404, 409, 413, 422},
     ("post", "/v1/plan"): {400, 401, 403, 413, 422},
     ("get", "/v1/roles"): {401},
     ("get", "/v1/files"): {401, 403, 404, 409, 422, 429, 503},
     ("put", "/v1/files"): {401, 403, 404, 408, 409, 413, 422, 429, 503, 507},
     ("get", "/v1/archive"): {401, 403, 404, 409, 422, 429, 503},
     ("put", "/v1/archive"): {401, 403, 404, 408, 409, 413, 422, 429, 503, 507},
+    ("post", "/v1/leases"): {400, 401, 403, 409, 413, 422, 503},
+    ("get", "/v1/leases"): {401},
+    ("get", "/v1/leases/{lease_id}"): {401, 404},
+    ("post", "/v1/leases/{lease_id}/renew"): {400, 401, 404, 409, 413, 422, 503},
+    ("delete", "/v1/leases/{lease_id}"): {401, 404, 503},
+    ("post", "/v1/sessions"): {400, 401, 403, 413, 422, 429, 503},
+    ("get", "/v1/sessions"): {401, 422},
+    ("get", "/v1/sessions/{session_id}"): {401, 404},
+    ("delete", "/v1/sessions/{session_id}"): {401, 404},
 }
 """Every route and the error statuses it can answer, as the handlers and middleware raise them."""
 
@@ -155,17 +165,32 @@ def test_openapi_file_refusals_carry_the_refusal_schema(document: dict[str, Any]
     assert {"$ref": "#/components/schemas/Refusal"} in refused["refusal"]["anyOf"]
 
 
+def test_openapi_new_lease_links_to_its_next_steps(document: dict[str, Any]) -> None:
+    links = operations(document)[("post", "/v1/leases")]["responses"]["201"]["links"]
+    assert set(links) == {"getLease", "renewLease", "releaseLease"}
+    for link in links.values():
+        assert link["parameters"] == {"lease_id": "$response.body#/lease_id"}
+
+
 def test_openapi_new_turn_links_to_its_next_steps(document: dict[str, Any]) -> None:
     links = operations(document)[("post", "/v1/turns")]["responses"]["201"]["links"]
     ids = {op["operationId"] for op in operations(document).values()}
-    assert set(links) == {"getTurn", "turnEvents", "signalTurn", "writeStdin"}
+    assert set(links) == {"getTurn", "turnEvents", "signalTurn", "writeStdin", "resizeTurn"}
     for link in links.values():
         assert link["operationId"] in ids
         assert link["parameters"] == {"turn_id": "$response.body#/turn_id"}
 
 
+def test_openapi_new_session_links_to_its_next_steps(document: dict[str, Any]) -> None:
+    links = operations(document)[("post", "/v1/sessions")]["responses"]["201"]["links"]
+    assert set(links) == {"getSession", "endSession"}
+    for link in links.values():
+        assert link["parameters"] == {"session_id": "$response.body#/session_id"}
+
+
 SCRIPT = "echo hi\n"
 DIGEST = hashlib.sha256(SCRIPT.encode()).hexdigest()
+SESSION = "s-" + "0" * 32
 REQUESTS = [
     {"role": "b", "argv": ["make", "test"]},
     {"role": "b", "argv": ["make", ""]},
@@ -189,6 +214,24 @@ REQUESTS = [
     {"role": "b", "argv": ["make"], "secrets": ["run/key"]},
     {"role": "b", "argv": ["make"], "fs": {"read": ["/data"], "write": ["out"]}},
     {"role": "b", "argv": ["make"], "unknown": 1},
+    {"role": "b", "argv": ["make"], "session": SESSION},
+    {"role": "b", "argv": ["make"], "session": "s-1"},
+    {"role": "b", "argv": ["make"], "session": SESSION, "cwd": "/srv"},
+    {"role": "b", "argv": ["make"], "session": SESSION, "cwd": None, "env": {}},
+    {"role": "b", "argv": ["make"], "session": SESSION, "env": {"A": "1"}},
+    {"role": "b", "argv": ["make"], "session": SESSION, "fs": {"read": [], "write": []}},
+    {"role": "b", "argv": ["make"], "session": SESSION, "fs": {"write": ["/srv"]}},
+    {"role": "b", "argv": ["make"], "session": SESSION, "secrets": ["/k"]},
+    {"role": "b", "argv": ["make"], "session": SESSION, "network": "none"},
+    {"role": "b", "argv": ["make"], "session": SESSION, "network": "host"},
+    {"role": "b", "argv": ["make"], "session": SESSION, "limits": {"wall_s": 3, "output_mb": 1}},
+    {"role": "b", "argv": ["make"], "session": SESSION, "limits": {"memory_mb": 3}},
+    {"role": "b", "argv": ["make"], "session": SESSION, "limits": {"pids": None}},
+    {"role": "b", "argv": ["make"], "session": None, "limits": {"pids": 3}},
+    {"role": "b", "argv": ["make"], "tty": {"rows": 24, "cols": 80}},
+    {"role": "b", "argv": ["make"], "tty": {"rows": 0, "cols": 80}},
+    {"role": "b", "argv": ["make"], "tty": {"rows": 24, "cols": 80, "term": "xterm-256color"}},
+    {"role": "b", "argv": ["make"], "tty": {"rows": 24, "cols": 80, "term": "a b"}},
 ]
 
 

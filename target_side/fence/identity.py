@@ -86,7 +86,10 @@ class Identity(Protocol):
         argv: Sequence[str],
         pass_fds: Sequence[int],
         stdin_open: bool,
-    ) -> FenceProcess: ...
+        *,
+        terminal: int | None = None,
+    ) -> FenceProcess:
+        """Start ``argv``; with ``terminal`` (a pty's other side) as its stdin, stdout, stderr."""
 
     async def prepare_home(self, state_root: Path, role: str, ids: tuple[int, int]) -> str | None:
         """Make or repair the role's home (``fence.home``); a sentence if it was repaired."""
@@ -115,22 +118,29 @@ class InProcess:
         argv: Sequence[str],
         pass_fds: Sequence[int],
         stdin_open: bool,
+        *,
+        terminal: int | None = None,
     ) -> FenceProcess:
         uid, gid = ids
-        switch = {}
-        if (uid, gid) != (os.getuid(), os.getgid()):
-            switch = {"user": uid, "group": gid, "extra_groups": []}
+        switch = (uid, gid) != (os.getuid(), os.getgid())
+        stdin: int = asyncio.subprocess.PIPE if stdin_open else asyncio.subprocess.DEVNULL
+        stdout: int = asyncio.subprocess.PIPE
+        stderr: int = asyncio.subprocess.PIPE
+        if terminal is not None:
+            stdin = stdout = stderr = terminal
         process = await asyncio.create_subprocess_exec(
             *argv,
-            stdin=asyncio.subprocess.PIPE if stdin_open else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
             env=BWRAP_ENV,
             pass_fds=tuple(pass_fds),
             start_new_session=True,  # a Ctrl-C at the server's terminal is not the turn's
             close_fds=True,
             umask=TURN_UMASK,
-            **switch,
+            user=uid if switch else None,
+            group=gid if switch else None,
+            extra_groups=[] if switch else None,
         )
         return LocalProcess(process)
 

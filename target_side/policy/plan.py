@@ -15,8 +15,9 @@ import pwd
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from shared.wire import Executable, Limits, PlannedLimits, TurnRequest
+from shared.wire import Executable, Limits, PlannedLimits, Tty, TurnRequest
 from target_side.config import RoleConfig, RoleLimits, Settings
+from target_side.errors import RefusedError
 from target_side.policy import managed, refusals
 from target_side.policy.environment import build_env
 from target_side.policy.executables import resolve_executable
@@ -32,6 +33,10 @@ from target_side.policy.protect import (
 
 SCRIPT_PATH = "/run/paddock/turn.sh"
 """Where a script turn's body appears inside the fence (a read-only copy made by bubblewrap)."""
+TERMINAL_HELPER = "setsid"
+"""util-linux ``setsid``: gives a terminal turn's command its pty as controlling terminal."""
+DEFAULT_TERM = "xterm-256color"
+"""TERM for a terminal turn that names none, on a target that has none of its own."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,12 @@ class FencePlan:
     audit: Mapping[str, str | None] = field(default_factory=dict)
     """Protected paths that cannot be mounted over: each must be as it was after the turn."""
     script: bytes | None = None
+    script_path: str = SCRIPT_PATH
+    """Where ``script`` appears inside the fence."""
+    tty: Tty | None = None
+    """The terminal the command runs on, if it asked for one."""
+    terminal_helper: str | None = None
+    """With ``tty``: the checked ``setsid`` that makes the pty the command's terminal."""
 
 
 def plan_turn(
@@ -101,11 +112,17 @@ def plan_turn(
         user=_user_name(uid, request.role),
         turn_id=turn_id,
         server_env=server_env,
+        lease=request.lease,
     )
     script = _script_body(request)
     program = "bash" if script is not None else (request.argv or [""])[0]
     exe_path, executable = resolve_executable(program, env["PATH"], cwd, planner.mounts, uid)
     args = [SCRIPT_PATH] if script is not None else list((request.argv or [])[1:])
+    helper = None
+    if request.tty is not None:
+        helper = _terminal_helper(env["PATH"], cwd, planner.mounts, uid)
+        if "TERM" not in request.env:
+            env["TERM"] = request.tty.term or env.get("TERM") or DEFAULT_TERM
     return FencePlan(
         turn_id=turn_id,
         role=request.role,
@@ -122,7 +139,18 @@ def plan_turn(
         stdin_open=request.stdin == "open",
         audit=audit,
         script=script,
+        tty=request.tty,
+        terminal_helper=helper,
     )
+
+
+def _terminal_helper(search_path: str, cwd: str, mounts: list[Mount], uid: int) -> str:
+    """``setsid`` as the fence finds it, under the rules a turn's own program meets."""
+    try:
+        found, _ = resolve_executable(TERMINAL_HELPER, search_path, cwd, mounts, uid)
+    except RefusedError as exc:
+        raise refusals.no_terminal(TERMINAL_HELPER, exc.refusal.detail) from exc
+    return found
 
 
 def effective_limits(asked: Limits, maxima: RoleLimits) -> PlannedLimits:
@@ -143,6 +171,12 @@ def host_ids(settings: Settings, role: str) -> tuple[int, int]:
     that for a private target (``[fence] identity = "server"``).
     """
     if settings.fence.identity == "server":
+        if os.getuid() == 0:
+            raise refusals.identity_unavailable(
+                role,
+                'identity = "server" would run it as root; a server running as root gives '
+                "every role its own uid: remove the key",
+            )
         return os.getuid(), os.getgid()
     uid, gid = settings.role_ids(role)
     if uid == os.getuid():

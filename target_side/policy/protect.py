@@ -172,6 +172,10 @@ def _expect_unchanged(path: str, found: Protection) -> None:
     except FileNotFoundError:
         found.audit[path] = None
         return
+    except OSError as exc:
+        raise refusals.bad_mount(
+            "fence.protect", path, path, f"cannot be examined: {exc.strerror}"
+        ) from exc
     if stat.S_ISLNK(st.st_mode):
         found.audit[path] = os.readlink(path)
 
@@ -259,5 +263,10 @@ def _nested_git_dirs(container: str, found: Protection, seen: set[str]) -> None:
             children = [e.path for e in listing if e.is_dir(follow_symlinks=False)]
     except (FileNotFoundError, NotADirectoryError):
         return
+    except OSError as exc:
+        # Made unreadable to the server by the role itself: never a reason to protect less.
+        raise refusals.bad_mount(
+            "fence.protect", container, container, f"cannot be searched: {exc.strerror}"
+        ) from exc
     for child in children:
         _git_dir(child, found, seen)

@@ -245,8 +245,42 @@ def limit_exceeds_role(name: str, asked: float, maximum: float) -> RefusedError:
     )
 
 
+def limit_exceeds_session(name: str, asked: float, maximum: float) -> RefusedError:
+    return _refused(
+        "limit-exceeds-role",
+        f"limits.{name}",
+        None,
+        None,
+        f"limits.{name} = {asked:g} is above its session's {maximum:g} (set when the session "
+        "was started); ask for at most that, or start a session with more",
+    )
+
+
 def identity_unavailable(role: str, detail: str) -> RefusedError:
     return _refused("backend-unavailable", "role", None, None, f"role {role!r}: {detail}")
+
+
+def no_terminal(helper: str, why: str) -> RefusedError:
+    return _refused(
+        "backend-unavailable",
+        "tty",
+        helper,
+        None,
+        f"a terminal turn needs util-linux {helper} inside the fence, and: {why}; install "
+        "util-linux on the target, or run the turn without a terminal",
+    )
+
+
+def no_session_host(program: str, why: str) -> RefusedError:
+    return _refused(
+        "backend-unavailable",
+        "session",
+        program,
+        None,
+        f"a session needs the fence's {program} (its host runs in python3, its shell is bash), "
+        f"and: {why}; install {program} on the target (in a directory of [fence] path), or run "
+        "turns without a session",
+    )
 
 
 def backend_unavailable(detail: str) -> RefusedError:
@@ -266,6 +300,11 @@ def path_changed(
         f"{what} changed between the check and the mount ({how}); "
         "retry, and find out what is rewriting it",
     )
+
+
+def stale_lease(subject: str, detail: str) -> RefusedError:
+    """The lease named is not its seat's current, held generation (or none was named)."""
+    return _refused("stale-lease", subject, None, None, detail)
 
 
 def _refused(

@@ -528,7 +528,7 @@ class FileService:
     async def _record(self, facts: dict[str, Any], outcome: str, **more: Any) -> None:
         record = {**facts, **more, "outcome": outcome, "at": now()}
         try:
-            await self.manager.record("file", **record)
+            await self.manager.record_in_ledger("file", **record)
         except Exception:
             log.exception("file operation %s: the ledger record failed", facts.get("op_id"))
 

@@ -28,7 +28,7 @@ import shutil
 import signal
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -47,6 +47,7 @@ from shared.wire import (
 from target_side.config import Settings
 from target_side.errors import (
     BackendError,
+    NoTerminal,
     RefusedError,
     StdinClosed,
     StorageError,
@@ -63,12 +64,15 @@ from target_side.fence.identity import for_settings
 from target_side.fence.launch import find_bwrap, launch_turn, signal_reset_prefix
 from target_side.fence.limits import Limiter, Totals
 from target_side.fence.runner import Outcome, RunningTurn
+from target_side.fence.session_fence import SessionTurn
 from target_side.policy import refusals
 from target_side.policy.forbidden import curated_etc_root, home_place
 from target_side.policy.mounts import ETC_ENTRIES
 from target_side.policy.plan import FencePlan, plan_turn
 from target_side.service.health import HealthBoard
+from target_side.service.leases import LeaseBook
 from target_side.service.ledger import Ledger
+from target_side.service.sessions import SessionManager
 from target_side.service.spool import EventSpool, now
 from target_side.service.state_lock import StateLock
 from target_side.service.store import StoredTurn, TurnStore, Unreadable, expired
@@ -100,7 +104,7 @@ class TurnRecord:
 
     stored: StoredTurn
     spool: EventSpool
-    running: RunningTurn | None = None
+    running: RunningTurn | SessionTurn | None = None
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     admitted: bool = False
     """Counted against the caps on running turns until it ends."""
@@ -117,8 +121,23 @@ class TurnRecord:
         self.stored = self.stored.model_copy(update={"turn": self.turn.model_copy(update=changes)})
 
 
+@dataclass(frozen=True)
+class StartedElsewhere:
+    """A turn whose process something else runs (a session's shell), ready to begin."""
+
+    running: SessionTurn
+    plan: FencePlan
+    """The fence it runs in: what the audit after it checks."""
+    facts: dict[str, Any]
+    """What the ledger's launch record says of it."""
+    begin: Callable[[], Awaitable[None]]
+    """Hand it its command: called once its ``started`` event is spooled."""
+    ended: Callable[[], Awaitable[None]]
+    """Called once it is recorded as ended."""
+
+
 class TurnManager:
-    """Every turn of one target, keyed by id."""
+    """Every turn of one target, keyed by id (and, through ``sessions``, every session)."""
 
     def __init__(
         self,
@@ -139,6 +158,7 @@ class TurnManager:
         self.limiter = Limiter.detect(totals=totals)
         self.etc = CuratedEtc(curated_etc_root(settings), ETC_ENTRIES, role_entries(settings))
         self.identity = for_settings(settings)
+        self.leases = LeaseBook(settings)
         self._ledger: Ledger | None = None
         self._failures = 0
         self._lock = state_lock
@@ -149,6 +169,7 @@ class TurnManager:
         self._stopping = False
         self._watch: asyncio.Task[None] | None = None
         self._disk_news = asyncio.Event()
+        self.sessions = SessionManager(self)
 
     @property
     def ledger(self) -> Ledger:
@@ -180,6 +201,8 @@ class TurnManager:
             latest = await asyncio.to_thread(self.ledger.latest_turns, ids)
             for item in found:
                 await self._take_back(item, latest)
+            await self.leases.start(self.ledger, self._ledger_append, self._storage_failed)
+            await self.sessions.start()
             # Probed once with a child process: off the event loop, before any turn needs it.
             await asyncio.to_thread(signal_reset_prefix)
         except BaseException:
@@ -282,8 +305,11 @@ class TurnManager:
             raise self._disk_unavailable() from None
         record.admitted = True
         try:
+            self.leases.admit(request.role, request.lease)
             # Off the event loop: planning walks paths and searches writable mounts.
             plan = await asyncio.to_thread(self.plan, request, record.turn.turn_id)
+            # Again at launch: a seat taken over while the turn was planned refuses it.
+            self.leases.admit(request.role, request.lease)
             await self._launch(record, plan)
         except RefusedError as refused:
             await self._finish(
@@ -299,11 +325,7 @@ class TurnManager:
     def _admit(self, role: str) -> None:
         """Count a new turn against the caps, or say why it cannot run now."""
         if self._stopping:
-            raise TargetUnavailable(
-                "the target is stopping and takes no new turn; submit again once it is back",
-                "stopping",
-                STOP_RETRY_AFTER_S,
-            )
+            raise self._stopping_now()
         if self._disk_failure is not None:
             raise self._disk_unavailable()
         role_cap = self.settings.roles[role].limits.turns if role in self.settings.roles else None
@@ -331,18 +353,87 @@ class TurnManager:
         self._running -= 1
         self._running_by_role[role] -= 1
 
+    # --- what sessions and file operations use ---------------------------------------------------
+
+    @property
+    def inject(self) -> FailureHook:
+        return self._inject
+
     def admit(self, role: str) -> None:
-        """Count a fence that is not a turn (a file operation's) against the same caps and
-        conditions as a turn; ``release`` when it has ended."""
+        """Count one more fence (a session's, a file operation's) against the caps, or say why
+        there is no room; ``release`` when it has ended."""
         self._check_low_water()
         self._admit(role)
 
     def release(self, role: str) -> None:
         self._release(role)
 
-    async def record(self, kind: str, **fields: Any) -> bool:
+    def known(self, role: str, idempotency_key: str | None) -> Turn | None:
+        """The turn an earlier POST of ``role`` with this key made, if there was one."""
+        key = _idempotency_digest(role, idempotency_key)
+        if key is not None and key in self._idempotency:
+            return self._turns[self._idempotency[key]].turn
+        return None
+
+    async def record_in_ledger(self, kind: str, **fields: Any) -> bool:
         """Append one ledger record; False (and ``disk``) if the disk refused it for now."""
         return await self._ledger_append(kind, **fields)
+
+    def storage_failed(self, exc: StorageError) -> None:
+        self._storage_failed(exc)
+
+    def launch_facts(self, plan: FencePlan) -> dict[str, Any]:
+        return _launch_facts(plan)
+
+    async def submit_elsewhere(
+        self,
+        request: TurnRequest,
+        idempotency_key: str | None,
+        start: Callable[[TurnRecord], Awaitable[StartedElsewhere]],
+    ) -> Turn:
+        """A turn whose process is ``start``'s to run (a session's shell): a turn all the same.
+
+        It has its own record, spool, ledger records, idempotency and end; it is
+        not counted against the caps (its fence already is). ``start`` may raise
+        ``RefusedError``: the turn is then refused, like any other.
+        """
+        known = self.known(request.role, idempotency_key)
+        if known is not None:
+            return known
+        self._check_low_water()
+        if self._stopping:
+            raise self._stopping_now()
+        if self._disk_failure is not None:
+            raise self._disk_unavailable()
+        try:
+            record = self._new_record(request, _idempotency_digest(request.role, idempotency_key))
+        except StorageError:
+            raise self._disk_unavailable() from None
+        try:
+            started = await start(record)
+            record.running = started.running
+            record.update(started_at=now())
+            await self._persist(record)
+            await self._ledger_append("launch", turn=_turn_json(record.turn), **started.facts)
+            record.spool.append_kept("started")
+            await started.begin()
+            record.task = asyncio.create_task(self._follow(record, started.plan, started.ended))
+        except RefusedError as refused:
+            await self._finish(
+                record, Outcome(refused.refusal.exit_code, refusal=refused.refusal), request
+            )
+        except Exception:
+            log.exception("turn %s: the target failed to start it", record.turn.turn_id)
+            failed = Outcome(ExitStatus.PADDOCK_FAILED, failure=LAUNCH_FAILED)
+            await self._finish(record, failed, request)
+        return record.turn
+
+    def _stopping_now(self) -> TargetUnavailable:
+        return TargetUnavailable(
+            "the target is stopping and takes no new turn; submit again once it is back",
+            "stopping",
+            STOP_RETRY_AFTER_S,
+        )
 
     def _disk_unavailable(self) -> TargetUnavailable:
         return TargetUnavailable(
@@ -354,7 +445,14 @@ class TurnManager:
 
     def _new_record(self, request: TurnRequest, key: str | None) -> TurnRecord:
         turn_id = f"t-{uuid.uuid4().hex}"
-        turn = Turn(turn_id=turn_id, role=request.role, state="running", created_at=now())
+        turn = Turn(
+            turn_id=turn_id,
+            role=request.role,
+            state="running",
+            created_at=now(),
+            session_id=request.session,
+            tty=request.tty is not None,
+        )
         stored = StoredTurn(turn=turn, idempotency=key)
         spool = EventSpool(self.store.spool_path(turn_id), self._storage_failed)
         record = TurnRecord(stored, spool)
@@ -392,7 +490,12 @@ class TurnManager:
             bwrap, plan, spool.append, self.limiter, self._inject, self.identity
         )
 
-    async def _follow(self, record: TurnRecord, plan: FencePlan) -> None:
+    async def _follow(
+        self,
+        record: TurnRecord,
+        plan: FencePlan,
+        ended: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         running = record.running
         if running is None:
             return
@@ -411,7 +514,11 @@ class TurnManager:
             moved = [f"the protected paths could not be checked after the turn: {exc}"]
         for said in moved:
             record.spool.append_kept("notice", message=said)
-        await self._finish(record, outcome)
+        try:
+            await self._finish(record, outcome)
+        finally:
+            if ended is not None:
+                await ended()
 
     async def _finish(
         self, record: TurnRecord, outcome: Outcome, request: TurnRequest | None = None
@@ -532,6 +639,7 @@ class TurnManager:
                 written = await self._persist(record) and written
             if record.spool.held:
                 written = record.spool.flush_held() and written
+        written = await self.sessions.flush() and written
         if written:
             log.warning("state disk takes writes again; what waited is written")
             self._disk_failure = None
@@ -582,6 +690,7 @@ class TurnManager:
     def dry_run(self, request: TurnRequest) -> PlanResult:
         """The fence ``request`` would get, or its refusal; nothing is built or launched."""
         try:
+            self.leases.admit(request.role, request.lease)
             plan = self.plan(request, f"t-{uuid.uuid4().hex}")
         except RefusedError as refused:
             return PlanResult(refusal=refused.refusal, exit_code=refused.refusal.exit_code)
@@ -601,7 +710,7 @@ class TurnManager:
             latest: dict[str, Turn] = {}
             for entry in self.ledger.records():
                 if "turn" not in entry:
-                    continue  # a record of something else: a recovery, a file operation
+                    continue  # a recovery, lease, session or file-operation record
                 turn = Turn.model_validate(entry["turn"])
                 if turn.role in roles:
                     latest[turn.turn_id] = turn
@@ -613,6 +722,19 @@ class TurnManager:
         if record.running is None:
             raise TurnNotRunning(f"turn {record.turn.turn_id} has ended; it takes no signal")
         return record.running.signal(name)
+
+    def resize(self, record: TurnRecord, rows: int, cols: int) -> None:
+        if record.running is None:
+            raise TurnNotRunning(f"turn {record.turn.turn_id} has ended; it has no terminal now")
+        if not record.turn.tty:
+            raise NoTerminal(
+                f"turn {record.turn.turn_id} runs on no terminal, so it has no size; "
+                'start it with "tty" to have one'
+            )
+        try:
+            record.running.resize(rows, cols)
+        except OSError as exc:
+            raise TurnNotRunning(f"turn {record.turn.turn_id}: its terminal is gone") from exc
 
     async def write_stdin(self, record: TurnRecord, data: bytes, eof: bool) -> None:
         if record.running is None:
@@ -642,6 +764,7 @@ class TurnManager:
                 self._idempotency.pop(record.stored.idempotency, None)
             record.spool.close()
             await asyncio.to_thread(self.store.remove, record.turn.turn_id)
+        await self.sessions.sweep(moment, retention)
         return len(gone)
 
     async def stop(self, grace_s: float, hurry: Callable[[], bool] = lambda: False) -> None:
@@ -656,7 +779,10 @@ class TurnManager:
             log.info("stopping: %d turn(s) running, waiting up to %g s", self._running, grace_s)
         began = loop.time()
         while self._running and loop.time() < began + grace_s and not hurry():
+            # A session with no turn running will not end by itself: it ends now.
+            await self.sessions.stop(idle_only=True)
             await asyncio.sleep(STOP_POLL_S)
+        await self.sessions.stop(idle_only=False)
         why = (
             f"the target was stopped and ended this turn after waiting {loop.time() - began:.0f} s "
             f"for it ([server] stop_grace_s = {grace_s:g} s)"
@@ -674,6 +800,7 @@ class TurnManager:
         self._stopping = True
         if self._watch is not None:
             self._watch.cancel()
+        self.leases.stop()
         tasks = []
         for record in self._turns.values():
             if record.running is not None:
@@ -683,6 +810,7 @@ class TurnManager:
                 tasks.append(record.task)
         with contextlib.suppress(Exception):
             await asyncio.gather(*tasks)
+        await self.sessions.shutdown()
         if self._ledger is not None and self._disk_failure is not None:
             with contextlib.suppress(Exception):
                 await self._retry_storage()
