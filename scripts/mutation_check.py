@@ -1067,6 +1067,13 @@ MUTATIONS += (
         also=(("            leases.admit(request.role, request.lease)\n", ""),),
     ),
     Mutation(
+        "late-close-report-drops-successor",
+        "target_side/service/connections.py",
+        "        if self._open.get(entry.fd) is entry:\n            del self._open[entry.fd]",
+        "        if entry.fd in self._open:\n            _cancel(self._open.pop(entry.fd))",
+        ("tests/test_connections.py -k late_report",),
+    ),
+    Mutation(
         "lease-not-required",
         "target_side/service/leases.py",
         "            if config is not None and config.require_lease:",
