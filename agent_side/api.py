@@ -75,6 +75,7 @@ from shared.wire import (
 if TYPE_CHECKING:
     # paramiko is imported only when an SSH target is opened: it adds about a
     # third of a second to the start of every paddock command that never uses it.
+    from agent_side.files import Acting
     from agent_side.sessions import AsyncTargetSession, TargetSession
     from agent_side.ssh import PassphraseSource, SshConnection, SshTimeouts
 
@@ -375,6 +376,15 @@ class Target:
 
     # --- files (docs/api.md, "Files"): done on the target as the role's uid -----------------
 
+    def acting(self, role: str | None = None) -> Acting:
+        """Who a file operation is done as: ``role`` (default: this target's), under the lease
+        this target holds for it, if any."""
+        from agent_side.files import Acting
+
+        role = role or self.role
+        held = self._held
+        return Acting(role, held.ref if held is not None and held.lease.role == role else None)
+
     def read_file(self, path: str, *, role: str | None = None) -> bytes:
         """The whole file at ``path`` on the target.
 
@@ -383,7 +393,7 @@ class Target:
         """
         from agent_side import files  # tarfile: loaded by those who copy
 
-        return files.read_file(self._client, role or self.role, path)
+        return files.read_file(self._client, self.acting(role), path)
 
     def write_file(
         self,
@@ -397,28 +407,28 @@ class Target:
         nothing. ``mode``: permission bits; without, a replaced file keeps its own, else 0644."""
         from agent_side import files  # tarfile: loaded by those who copy
 
-        return files.write_file(self._client, role or self.role, path, data, mode)
+        return files.write_file(self._client, self.acting(role), path, data, mode)
 
     def list_dir(self, path: str, *, limit: int = 10_000, role: str | None = None) -> FileListing:
         """``path``'s own entry (``.entry``) and, for a directory, its entries (``.entries``,
         sorted, at most ``limit``; ``.truncated`` if there were more)."""
         from agent_side import files  # tarfile: loaded by those who copy
 
-        return files.list_dir(self._client, role or self.role, path, limit)
+        return files.list_dir(self._client, self.acting(role), path, limit)
 
     def get_dir(self, path: str, local_dir: str, *, role: str | None = None) -> int:
         """Fetch the directory ``path`` into the local ``local_dir`` (made if missing, merged
         into if not); returns how many entries came."""
         from agent_side import files  # tarfile: loaded by those who copy
 
-        return files.get_dir(self._client, role or self.role, path, local_dir)
+        return files.get_dir(self._client, self.acting(role), path, local_dir)
 
     def put_dir(self, local_dir: str, path: str, *, role: str | None = None) -> ArchiveWritten:
         """Send the local directory ``local_dir`` into ``path`` on the target (made if missing,
         merged into if not): every entry, or (refused) none."""
         from agent_side import files  # tarfile: loaded by those who copy
 
-        return files.put_dir(self._client, role or self.role, local_dir, path)
+        return files.put_dir(self._client, self.acting(role), local_dir, path)
 
     def close(self) -> None:
         """Release a lease still held, close the HTTP pool, then the SSH connection under it."""

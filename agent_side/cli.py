@@ -323,6 +323,11 @@ def build_parser(command: str | None = None) -> CommandParser:
         metavar="MODE",
         help="octal permission bits for a file written on the target (default: the local file's)",
     )
+    cp.add_argument(
+        "--lease",
+        metavar="ID",
+        help="act under the lease ID that 'paddock lease take' took (its seat and generation)",
+    )
     cp.add_argument("source", metavar="SRC", help="a local path, - (stdin), :PATH or NAME:PATH")
     cp.add_argument("dest", metavar="DST", help="a local path, - (stdout), :PATH or NAME:PATH")
     cp.set_defaults(handler=_command("cp_command"))

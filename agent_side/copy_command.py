@@ -33,8 +33,10 @@ from agent_side import files
 from agent_side.api import Target
 from agent_side.connection import opened_target
 from agent_side.errors import FileFailed, FileRefused, UsageError
+from agent_side.leases import stored_ref as stored_lease
 from agent_side.views import refusal_sentence, say
 from shared.exit_status import ExitStatus
+from shared.wire import LeaseRef
 
 _TARGET_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 FAILED = 1
@@ -75,12 +77,14 @@ def copy(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             f"(:/srv/work/{remote.path or 'NAME'})"
         )
     mode = _mode(args.mode)
+    lease = _lease(args.lease, environ)
     with opened_target(args, environ) as target:
+        who = files.Acting(target.role, lease) if lease is not None else target.acting()
         try:
             if source.remote:
-                _fetch(target, source.path, dest.path, recursive=args.recursive)
+                _fetch(target, who, source.path, dest.path, recursive=args.recursive)
             else:
-                _send(target, source.path, dest.path, recursive=args.recursive, mode=mode)
+                _send(target, who, source.path, dest.path, recursive=args.recursive, mode=mode)
         except FileRefused as exc:
             say(refusal_sentence(exc.refusal))
             return int(ExitStatus.REFUSED)
@@ -88,6 +92,13 @@ def copy(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             say(f"cp: {exc}")
             return FAILED
     return 0
+
+
+def _lease(lease_id: str | None, environ: Mapping[str, str]) -> LeaseRef | None:
+    if not lease_id:
+        return None
+    lease_id, seat, generation = stored_lease(lease_id, environ)
+    return LeaseRef(lease_id=lease_id, seat=seat, generation=generation)
 
 
 def _the_remote_side(source: Place, dest: Place) -> Place:
@@ -113,41 +124,41 @@ def _mode(text: str | None) -> int | None:
 # --- from the target ---------------------------------------------------------------------
 
 
-def _fetch(target: Target, remote: str, local: str, *, recursive: bool) -> None:
-    client, role = target.client, target.role
+def _fetch(target: Target, who: files.Acting, remote: str, local: str, *, recursive: bool) -> None:
+    client = target.client
     if local == "-":
         if recursive:
             raise UsageError("-r cannot write a directory to stdout; name a local directory")
-        files.download(client, role, remote, sys.stdout.buffer)
+        files.download(client, who, remote, sys.stdout.buffer)
         sys.stdout.buffer.flush()
         return
     name = posixpath.basename(remote.rstrip("/")) or "root"
     if recursive:
-        entry = files.stat_path(client, role, remote)
+        entry = files.stat_path(client, who, remote)
         if entry is None:
             raise FileFailed(f"{remote} does not exist on the target", 404)
         if entry.type == "directory":
             into = os.path.join(local, name) if os.path.isdir(local) else local
             _need_parent(into)
-            files.get_dir(client, role, remote, into)
+            files.get_dir(client, who, remote, into)
             return
     dest = os.path.join(local, name) if os.path.isdir(local) else local
     _need_parent(dest)
     try:
-        _download_to(target, remote, dest)
+        _download_to(target, who, remote, dest)
     except FileFailed as exc:
         if exc.errno == "EISDIR":
             raise FileFailed(f"{remote} is a directory on the target (use -r)", exc.status) from exc
         raise
 
 
-def _download_to(target: Target, remote: str, dest: str) -> None:
+def _download_to(target: Target, who: files.Acting, remote: str, dest: str) -> None:
     """Into a temporary file beside ``dest``, renamed over it once whole."""
     directory = os.path.dirname(os.path.abspath(dest))
     fd, temporary = tempfile.mkstemp(prefix=".paddock-cp-", dir=directory)
     try:
         with os.fdopen(fd, "wb") as out:
-            mode = files.download(target.client, target.role, remote, out)
+            mode = files.download(target.client, who, remote, out)
             out.flush()
             os.fchmod(out.fileno(), 0o644 if mode is None else mode)
         os.replace(temporary, dest)
@@ -166,33 +177,33 @@ def _need_parent(path: str) -> None:
 # --- to the target -----------------------------------------------------------------------
 
 
-def _send(target: Target, local: str, remote: str, *, recursive: bool, mode: int | None) -> None:
-    client, role = target.client, target.role
+def _send(
+    target: Target, who: files.Acting, local: str, remote: str, *, recursive: bool, mode: int | None
+) -> None:
+    client = target.client
     if local == "-":
         if remote.endswith("/"):
             raise UsageError("from stdin, name the remote file (not a directory ending in /)")
-        files.write_file(client, role, remote, sys.stdin.buffer, mode)
+        files.write_file(client, who, remote, sys.stdin.buffer, mode)
         return
     if os.path.isdir(local):
         if not recursive:
             raise FileFailed(f"{local} is a directory (use -r)", 0)
-        files.put_dir(client, role, local, _into(target, local, remote))
+        files.put_dir(client, who, local, _into(target, who, local, remote))
         return
     if not os.path.exists(local):
         raise FileFailed(f"{local}: no such file here", 404)
-    dest = _into(target, local, remote)
+    dest = _into(target, who, local, remote)
     with open(local, "rb") as data:
-        files.write_file(
-            client, role, dest, data, files.local_mode(local) if mode is None else mode
-        )
+        files.write_file(client, who, dest, data, files.local_mode(local) if mode is None else mode)
 
 
-def _into(target: Target, local: str, remote: str) -> str:
+def _into(target: Target, who: files.Acting, local: str, remote: str) -> str:
     """``remote`` itself, or the local name inside it when it is a directory there."""
     name = os.path.basename(os.path.abspath(local))
     if remote.endswith("/"):
         return remote + name
-    entry = files.stat_path(target.client, target.role, remote)
+    entry = files.stat_path(target.client, who, remote)
     if entry is not None and entry.type == "directory":
         return posixpath.join(remote, name)
     return remote

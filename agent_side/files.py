@@ -22,13 +22,14 @@ import stat
 import tarfile
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import IO, BinaryIO, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from agent_side.client import TargetClient
 from agent_side.errors import FileFailed, ProtocolError, UsageError
-from shared.wire import ArchiveWritten, FileEntry, FileListing, FileWritten
+from shared.wire import ArchiveWritten, FileEntry, FileListing, FileWritten, LeaseRef
 
 CHUNK = 1 << 20
 SPOOL_IN_MEMORY = 8 << 20
@@ -37,21 +38,36 @@ SPOOL_IN_MEMORY = 8 << 20
 _Model = TypeVar("_Model", bound=BaseModel)
 
 
-def _params(role: str, path: str, **more: str) -> dict[str, str]:
+@dataclass(frozen=True)
+class Acting:
+    """Who a file operation is done as: a role, and the lease it acts under, if any."""
+
+    role: str
+    lease: LeaseRef | None = None
+
+
+def _params(who: Acting, path: str, **more: str) -> dict[str, str]:
     if not path.startswith("/"):
         raise UsageError(f"{path!r} is relative; paths on the target are absolute (start with /)")
-    return {"role": role, "path": path, **more}
+    params = {"role": who.role, "path": path, **more}
+    if who.lease is not None:
+        params |= {
+            "lease_id": who.lease.lease_id,
+            "lease_seat": who.lease.seat,
+            "lease_generation": str(who.lease.generation),
+        }
+    return params
 
 
-def read_file(client: TargetClient, role: str, path: str) -> bytes:
+def read_file(client: TargetClient, who: Acting, path: str) -> bytes:
     """The whole file at ``path`` on the target."""
-    return client.send("GET", "/v1/files", params=_params(role, path)).content
+    return client.send("GET", "/v1/files", params=_params(who, path)).content
 
 
-def download(client: TargetClient, role: str, path: str, into: BinaryIO) -> int | None:
+def download(client: TargetClient, who: Acting, path: str, into: BinaryIO) -> int | None:
     """Write the file at ``path`` to ``into`` as it comes; returns its permission bits, as the
     target said them (None if it did not)."""
-    with client.stream("GET", "/v1/files", params=_params(role, path)) as response:
+    with client.stream("GET", "/v1/files", params=_params(who, path)) as response:
         expected = response.headers.get("content-length")
         written = 0
         for chunk in response.iter_bytes(CHUNK):
@@ -67,7 +83,7 @@ def download(client: TargetClient, role: str, path: str, into: BinaryIO) -> int 
 
 def write_file(
     client: TargetClient,
-    role: str,
+    who: Acting,
     path: str,
     data: bytes | IO[bytes],
     mode: int | None = None,
@@ -83,7 +99,7 @@ def write_file(
         if not 0 <= mode <= 0o777:
             raise UsageError(f"mode {mode:o} is not permission bits (at most 777, no setuid)")
         more["mode"] = f"{mode:04o}"
-    params = _params(role, path, **more)
+    params = _params(who, path, **more)
     response = client.send("PUT", "/v1/files", params=params, content=_body(data))
     return _model(FileWritten, response.content)
 
@@ -101,27 +117,27 @@ def _body(data: bytes | IO[bytes]) -> bytes | IO[bytes] | Iterator[bytes]:
     return data if whole else iter(lambda: data.read(CHUNK), b"")
 
 
-def list_dir(client: TargetClient, role: str, path: str, limit: int = 10_000) -> FileListing:
+def list_dir(client: TargetClient, who: Acting, path: str, limit: int = 10_000) -> FileListing:
     """The entry of ``path`` and, for a directory, up to ``limit`` of its entries."""
-    params = _params(role, path, list="true", limit=str(limit))
+    params = _params(who, path, list="true", limit=str(limit))
     return _model(FileListing, client.send("GET", "/v1/files", params=params).content)
 
 
-def stat_path(client: TargetClient, role: str, path: str) -> FileEntry | None:
+def stat_path(client: TargetClient, who: Acting, path: str) -> FileEntry | None:
     """What ``path`` is on the target, or None if nothing is there."""
     try:
-        return list_dir(client, role, path, limit=0).entry
+        return list_dir(client, who, path, limit=0).entry
     except FileFailed as exc:
         if exc.status == 404:
             return None
         raise
 
 
-def get_dir(client: TargetClient, role: str, path: str, into: str) -> int:
+def get_dir(client: TargetClient, who: Acting, path: str, into: str) -> int:
     """Fetch the directory at ``path`` and unpack it into the local directory ``into`` (made
     if missing, merged if not); returns how many entries it held."""
     with tempfile.TemporaryFile() as spool:
-        with client.stream("GET", "/v1/archive", params=_params(role, path)) as response:
+        with client.stream("GET", "/v1/archive", params=_params(who, path)) as response:
             for chunk in response.iter_bytes(CHUNK):
                 spool.write(chunk)
         spool.seek(0)
@@ -142,14 +158,14 @@ def unpack(source: IO[bytes], into: str) -> int:
     return len(members)
 
 
-def put_dir(client: TargetClient, role: str, local: str, path: str) -> ArchiveWritten:
+def put_dir(client: TargetClient, who: Acting, local: str, path: str) -> ArchiveWritten:
     """Send the local directory ``local`` into ``path`` on the target (made if missing,
     merged if not): every entry or, refused, none."""
     with pack(local) as archive:
         response = client.send(
             "PUT",
             "/v1/archive",
-            params=_params(role, path),
+            params=_params(who, path),
             content=archive,
             content_type="application/x-tar",
         )

@@ -1074,6 +1074,24 @@ MUTATIONS += (
         ("tests/test_connections.py -k late_report",),
     ),
     Mutation(
+        "file-operation-lease-unchecked",
+        "target_side/service/files.py",
+        "            self.manager.leases.admit(role, who.lease)\n            plan",
+        "            plan",
+        (
+            "tests/test_leases.py -k file_operation_without_one",
+            "tests/test_leases.py -k zombies_file_writes",
+        ),
+        also=(("            self.manager.leases.admit(role, who.lease)\n", ""),),
+    ),
+    Mutation(
+        "python-file-operations-drop-the-held-lease",
+        "agent_side/api.py",
+        "        return Acting(role, held.ref if held is not None and held.lease.role == role else None)",
+        "        return Acting(role, None)",
+        ("tests/test_agent_leases.py -k file_operations_and_sessions",),
+    ),
+    Mutation(
         "lease-not-required",
         "target_side/service/leases.py",
         "            if config is not None and config.require_lease:",

@@ -21,7 +21,7 @@ from conftest import BUILDER_TOKEN, Target, wait_until
 from agent_side.api import AsyncTarget
 from agent_side.api import Target as ApiTarget
 from agent_side.client import TargetClient
-from agent_side.errors import LeaseLost, SeatTaken, UsageError
+from agent_side.errors import FileRefused, LeaseLost, SeatTaken, UsageError
 from shared.wire import Lease
 
 CLI = [sys.executable, "-m", "agent_side.cli"]
@@ -115,6 +115,33 @@ def test_cli_lease_take_run_supersede_renew_show_release(paddock: Paddock) -> No
     assert paddock.take("--seat", seat).generation == 3
 
 
+def test_cli_cp_and_session_act_under_a_lease(paddock: Paddock, target: Target) -> None:
+    seat = _seat()
+    place = _role_dir(target)
+    first = paddock.take("--seat", seat)
+    sent = subprocess.run(
+        [*CLI, "cp", "--lease", first.lease_id, "-", f":{place}/f"],
+        env=paddock.env,
+        input="held",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert sent.returncode == 0, sent.stderr
+    started = paddock("session", "start", "--lease", first.lease_id, "-w", str(place))
+    assert started.returncode == 0, started.stderr
+    session = started.stdout.strip()
+    try:
+        paddock.take("--seat", seat, "--supersede")
+        late = paddock("cp", "--lease", first.lease_id, f":{place}/f", "-")
+        assert late.returncode == 126 and "stale-lease" in late.stderr, late.stderr
+        stale = paddock("run", "--no-mux", "--session", session, "--", "true")
+        assert stale.returncode == 126 and "stale-lease" in stale.stderr, stale.stderr
+    finally:
+        paddock("session", "end", session)
+    assert (place / "f").read_text() == "held"
+
+
 def test_cli_run_with_a_lease_through_the_multiplexer(paddock: Paddock) -> None:
     lease = paddock.take("--seat", _seat(), "--ttl", "120")
 
@@ -187,6 +214,33 @@ def test_python_lease_superseded_is_lost_and_its_turns_refused(target: Target) -
                 api.lease(_seat())  # one lease per Target at a time
         # A lost lease is not released on leaving: the seat stays its newer holder's.
         assert rival.lease(newer.lease_id).state == "held"
+
+
+def test_python_lease_is_carried_by_file_operations_and_sessions(target: Target) -> None:
+    seat = _seat()
+    place = _role_dir(target)
+    with (
+        _api(target) as api,
+        TargetClient(target.url, BUILDER_TOKEN, cacert=target.cacert) as rival,
+        api.lease(seat, ttl_s=30),
+    ):
+        api.write_file(f"{place}/f", b"held")
+        with api.session(cwd=str(place)) as session:
+            assert session.run(["sh", "-c", SHOW]).stdout == f"{seat} 1\n".encode()
+            rival.take_lease("builder", seat, 60, supersede=True)
+            refused = session.run(["true"])
+            assert refused.refusal is not None and refused.refusal.rule == "stale-lease"
+        with pytest.raises(FileRefused) as late:
+            api.write_file(f"{place}/f", b"zombie")
+        assert late.value.refusal.rule == "stale-lease"
+    assert (place / "f").read_bytes() == b"held"
+
+
+def _role_dir(target: Target) -> Path:
+    place = target.workspace / f"leased-{uuid.uuid4().hex[:12]}"
+    place.mkdir()
+    os.chown(place, *target.settings.role_ids("builder"))
+    return place
 
 
 async def test_async_target_lease_carries_it_and_releases_it(target: Target) -> None:

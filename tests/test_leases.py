@@ -9,6 +9,8 @@ seat, expiry, ``require_lease``, the ledger's records, a restart.
 from __future__ import annotations
 
 import json
+import os
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -444,6 +446,57 @@ def test_lease_superseded_refuses_the_zombies_session_turns(target: Target) -> N
             assert again.refusal is not None and again.refusal.rule == "stale-lease"
         finally:
             zombie.delete(f"/v1/sessions/{session}")
+
+
+def _lease_query(lease: Lease) -> dict[str, str]:
+    return {
+        "lease_id": lease.lease_id,
+        "lease_seat": lease.seat,
+        "lease_generation": str(lease.generation),
+    }
+
+
+def _role_dir(target: Target) -> Path:
+    place = target.workspace / f"files-{uuid.uuid4().hex[:12]}"
+    place.mkdir()
+    os.chown(place, *target.settings.role_ids("builder"))
+    return place
+
+
+def test_lease_required_by_the_role_refuses_a_file_operation_without_one(leased: Target) -> None:
+    place = _role_dir(leased)
+    with leased.client() as c:
+        query = {"role": "builder", "path": str(place / "f")}
+        bare = c.put("/v1/files", params=query, content=b"zombie")
+        assert bare.status_code == 403, bare.text
+        assert bare.json()["refusal"]["rule"] == "stale-lease"
+        assert not (place / "f").exists()
+        lease = _lease(_take(c, "files-seat", ttl_s=120))
+        put = c.put("/v1/files", params=query | _lease_query(lease), content=b"holder")
+        assert put.status_code == 200, put.text
+        got = c.get("/v1/files", params=query | _lease_query(lease))
+        assert got.content == b"holder"
+        partial = c.get("/v1/files", params=query | {"lease_id": lease.lease_id})
+        assert partial.status_code == 422
+        assert {e["field"] for e in partial.json()["errors"]} == {
+            "query.lease_seat",
+            "query.lease_generation",
+        }
+
+
+def test_lease_superseded_refuses_the_zombies_file_writes(target: Target) -> None:
+    place = _role_dir(target)
+    with target.client() as zombie, target.client() as replacement:
+        first = _lease(_take(zombie, "files-zombie", ttl_s=120))
+        query = {"role": "builder", "path": str(place / "f")} | _lease_query(first)
+        assert zombie.put("/v1/files", params=query, content=b"one").status_code == 200
+        _lease(_take(replacement, "files-zombie", ttl_s=120, supersede=True))
+        late = zombie.put("/v1/files", params=query, content=b"two")
+        assert late.status_code == 403, late.text
+        assert late.json()["refusal"]["rule"] == "stale-lease"
+        assert (place / "f").read_bytes() == b"one"
+        archive = zombie.put("/v1/archive", params=query | {"path": str(place / "d")}, content=b"")
+        assert archive.json()["refusal"]["rule"] == "stale-lease"
 
 
 def test_lease_records_are_in_the_ledger_and_generations_survive_a_restart(

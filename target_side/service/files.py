@@ -29,10 +29,11 @@ import logging
 import os
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Annotated, Any, Literal
 
-from fastapi import FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import AfterValidator, ValidationError
 from starlette.requests import ClientDisconnect
@@ -42,6 +43,7 @@ from shared.wire import (
     ArchiveWritten,
     FileListing,
     FileWritten,
+    LeaseRef,
     Refusal,
     RefusedProblem,
 )
@@ -134,6 +136,60 @@ ModeParam = Annotated[
     ),
     AfterValidator(_octal),
 ]
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who asks for a file operation: a role the token holds, and the lease it acts under."""
+
+    role: str
+    lease: LeaseRef | None = None
+
+
+LeaseIdParam = Annotated[
+    str | None,
+    Query(
+        pattern=r"^l-[0-9a-f]{32}$",
+        description="the lease this operation acts under (with lease_seat and "
+        "lease_generation); refused (stale-lease) unless it is the seat's current one",
+    ),
+]
+LeaseSeatParam = Annotated[
+    str | None, Query(min_length=1, max_length=256, description="the lease's seat")
+]
+LeaseGenerationParam = Annotated[int | None, Query(ge=1, description="the lease's generation")]
+
+
+_LEASE_PARAMS = {"lease_id": "lease_id", "seat": "lease_seat", "generation": "lease_generation"}
+
+
+async def lease_of(
+    lease_id: LeaseIdParam = None,
+    lease_seat: LeaseSeatParam = None,
+    lease_generation: LeaseGenerationParam = None,
+) -> LeaseRef | None:
+    """The lease the query names: all three parameters, or none of them."""
+    given = {"lease_id": lease_id, "seat": lease_seat, "generation": lease_generation}
+    if all(value is None for value in given.values()):
+        return None
+    missing = [
+        {
+            "type": "missing",
+            "loc": ("query", _LEASE_PARAMS[name]),
+            "msg": "a lease is named by lease_id, lease_seat and lease_generation together",
+            "input": None,
+        }
+        for name, value in given.items()
+        if value is None
+    ]
+    if missing:
+        raise RequestValidationError(missing)
+    try:
+        return LeaseRef.model_validate(given)
+    except ValidationError as exc:
+        raise RequestValidationError(
+            [{**e, "loc": ("query", _LEASE_PARAMS[str(e["loc"][0])])} for e in exc.errors()]
+        ) from None
 
 
 class HelperRun:
@@ -367,15 +423,15 @@ class FileService:
 
     # --- the operations ----------------------------------------------------------------
 
-    async def read(self, role: str, path: str) -> tuple[dict[str, Any], AsyncIterator[bytes]]:
+    async def read(self, who: Actor, path: str) -> tuple[dict[str, Any], AsyncIterator[bytes]]:
         """The file's entry as the helper saw it, and its bytes as they come."""
-        run = await self._begin("read", role, path, "out")
+        run = await self._begin("read", who, path, "out")
         ready = await self._ready(run)
         run.facts["size"] = ready.get("size")
         return ready, run.stream_data()
 
-    async def listing(self, role: str, path: str, limit: int) -> FileListing:
-        run = await self._begin("list", role, path, "out", limit_entries=limit)
+    async def listing(self, who: Actor, path: str, limit: int) -> FileListing:
+        run = await self._begin("list", who, path, "out", limit_entries=limit)
         await self._ready(run)
         try:
             data = await run.read_data(MAX_LISTING_BYTES)
@@ -392,16 +448,16 @@ class FileService:
         return listing
 
     async def read_archive(
-        self, role: str, path: str
+        self, who: Actor, path: str
     ) -> tuple[dict[str, Any], AsyncIterator[bytes]]:
-        run = await self._begin("archive-read", role, path, "out")
+        run = await self._begin("archive-read", who, path, "out")
         ready = await self._ready(run)
         run.facts |= {"size": ready.get("size"), "entries": ready.get("entries")}
         return ready, run.stream_data()
 
-    async def write(self, role: str, path: str, mode: str | None, request: Request) -> FileWritten:
+    async def write(self, who: Actor, path: str, mode: str | None, request: Request) -> FileWritten:
         """Stream the body into a file at ``path``, committed once it has all arrived."""
-        run = await self._begin("write", role, path, "in", mode=mode, request=request)
+        run = await self._begin("write", who, path, "in", mode=mode, request=request)
         done = await self._upload(run, request)
         return FileWritten(
             path=run.plan.resolved,
@@ -411,9 +467,9 @@ class FileService:
             created=done["created"],
         )
 
-    async def write_archive(self, role: str, path: str, request: Request) -> ArchiveWritten:
+    async def write_archive(self, who: Actor, path: str, request: Request) -> ArchiveWritten:
         """Stream a tar into the directory at ``path``: every member or none."""
-        run = await self._begin("archive-write", role, path, "in", request=request)
+        run = await self._begin("archive-write", who, path, "in", request=request)
         done = await self._upload(run, request)
         run.facts["entries"] = done.get("entries")
         return ArchiveWritten(
@@ -428,7 +484,7 @@ class FileService:
     async def _begin(
         self,
         op: Operation,
-        role: str,
+        who: Actor,
         path: str,
         direction: Literal["in", "out"],
         *,
@@ -437,10 +493,12 @@ class FileService:
         request: Request | None = None,
     ) -> HelperRun:
         """Admit, plan and launch one operation (a refusal is recorded, then raised)."""
+        role = who.role
         self.manager.admit(role)
         op_id = f"t-{uuid.uuid4().hex}"
         facts: dict[str, Any] = {"op_id": op_id, "role": role, "op": op, "path": path}
         try:
+            self.manager.leases.admit(role, who.lease)
             plan = await asyncio.to_thread(
                 self._plan, op, role, path, op_id, mode=mode, limit_entries=limit_entries
             )
@@ -458,6 +516,8 @@ class FileService:
         try:
             if declared is not None and declared > plan.limit_bytes:
                 raise self.too_large(run, declared, status=413)
+            # Again at launch: a seat taken over while it was planned refuses it.
+            self.manager.leases.admit(role, who.lease)
             await run.start(direction)
         except RefusedError as refused:
             await self._end(run, "refused", rule=refused.refusal.rule)
@@ -681,6 +741,16 @@ ARCHIVE_BODY: dict[str, Any] = {
 def install(app: FastAPI, service: FileService, roles: Any) -> None:
     """Add the file routes to ``app``; ``roles`` is the app's token dependency (an Annotated)."""
 
+    async def acting(
+        held: roles,  # type: ignore[valid-type]
+        role: RoleParam,
+        lease: Annotated[LeaseRef | None, Depends(lease_of)],
+    ) -> Actor:
+        require_role(held, role)
+        return Actor(role, lease)
+
+    Acting = Annotated[Actor, Depends(acting)]
+
     @app.get(
         "/v1/files",
         operation_id="readFile",
@@ -692,8 +762,7 @@ def install(app: FastAPI, service: FileService, roles: Any) -> None:
         },
     )
     async def read_file(
-        held: roles,  # type: ignore[valid-type]
-        role: RoleParam,
+        who: Acting,
         path: PathParam,
         list_: Annotated[
             bool, Query(alias="list", description="list the path instead of reading it")
@@ -704,11 +773,10 @@ def install(app: FastAPI, service: FileService, roles: Any) -> None:
         ] = DEFAULT_LIST_LIMIT,
     ) -> Response:
         """A file's bytes, streamed; with ``list``, the path's entry and a directory's entries."""
-        require_role(held, role)
         if list_:
-            listing = await service.listing(role, path, limit)
+            listing = await service.listing(who, path, limit)
             return JSONResponse(listing.model_dump(mode="json", exclude_none=True))
-        ready, chunks = await service.read(role, path)
+        ready, chunks = await service.read(who, path)
         headers = {
             "Content-Length": str(ready["size"]),
             "X-Paddock-Size": str(ready["size"]),
@@ -726,14 +794,12 @@ def install(app: FastAPI, service: FileService, roles: Any) -> None:
     )
     async def write_file(
         request: Request,
-        held: roles,  # type: ignore[valid-type]
-        role: RoleParam,
+        who: Acting,
         path: PathParam,
         mode: ModeParam = None,
     ) -> FileWritten:
         """The body becomes the file at ``path``, atomically (all of it, or nothing)."""
-        require_role(held, role)
-        return await service.write(role, path, mode, request)
+        return await service.write(who, path, mode, request)
 
     @app.get(
         "/v1/archive",
@@ -743,13 +809,11 @@ def install(app: FastAPI, service: FileService, roles: Any) -> None:
         responses={200: ARCHIVE, **file_errors(401, 403, 404, 409, 422, 429, 503)},
     )
     async def read_archive(
-        held: roles,  # type: ignore[valid-type]
-        role: RoleParam,
+        who: Acting,
         path: PathParam,
     ) -> Response:
         """The directory at ``path`` as a tar stream."""
-        require_role(held, role)
-        ready, chunks = await service.read_archive(role, path)
+        ready, chunks = await service.read_archive(who, path)
         headers = {"X-Paddock-Size": str(ready.get("size", 0))}
         return StreamingResponse(chunks, media_type="application/x-tar", headers=headers)
 
@@ -762,13 +826,11 @@ def install(app: FastAPI, service: FileService, roles: Any) -> None:
     )
     async def write_archive(
         request: Request,
-        held: roles,  # type: ignore[valid-type]
-        role: RoleParam,
+        who: Acting,
         path: PathParam,
     ) -> ArchiveWritten:
         """Every member of the tar into ``path`` (made if missing), or, refused, none."""
-        require_role(held, role)
-        return await service.write_archive(role, path, request)
+        return await service.write_archive(who, path, request)
 
     @app.exception_handler(FileOpFailed)
     async def file_failed(request: Request, exc: FileOpFailed) -> JSONResponse:
