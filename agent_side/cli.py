@@ -148,7 +148,8 @@ def _terminal_columns() -> int:
         if columns > 0:
             return columns
     try:
-        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80
+        stdout = sys.__stdout__
+        return os.get_terminal_size(stdout.fileno()).columns or 80 if stdout else 80
     except (AttributeError, ValueError, OSError):
         return 80
 

@@ -30,7 +30,7 @@ class Mutation:
     (a rule held in two places is inverted in both)."""
 
 
-MUTATIONS = (
+MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "forbidden-list-ignored",
         "target_side/policy/forbidden.py",

@@ -239,7 +239,7 @@ _ONE_PROGRAM: JsonDict = {
 }
 """Exactly one of ``argv`` or ``script``, and ``script_sha256`` with ``script`` alone (an
 absent field and ``null`` are the same)."""
-_EMPTY_FS = {
+_EMPTY_FS: JsonDict = {
     "anyOf": [
         {"type": "null"},
         {
@@ -251,7 +251,7 @@ _EMPTY_FS = {
         },
     ]
 }
-_SESSION_TURN = {
+_SESSION_TURN: JsonDict = {
     "if": {"required": ["session"], "properties": {"session": {"type": "string"}}},
     "then": {
         "properties": {

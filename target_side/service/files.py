@@ -742,7 +742,7 @@ def install(app: FastAPI, service: FileService, roles: Any) -> None:
     """Add the file routes to ``app``; ``roles`` is the app's token dependency (an Annotated)."""
 
     async def acting(
-        held: roles,  # type: ignore[valid-type]
+        held: roles,
         role: RoleParam,
         lease: Annotated[LeaseRef | None, Depends(lease_of)],
     ) -> Actor:
