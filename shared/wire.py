@@ -120,11 +120,12 @@ class Limits(Wire):
 
 MAX_LEASE_TTL_S = 86400.0
 """The longest a lease may run between renewals: a day."""
-_SEAT_TEXT = r"^[^\u0000-\u001f\u007f]*$"
+SEAT_TEXT = r"^[^\u0000-\u001f\u007f]*$"
 _LEASE_ID_SHAPE = r"^l-[0-9a-f]{32}$"
 
 
-def _seat_text(value: str) -> str:
+def seat_text(value: str) -> str:
+    """``value``, if it can name a seat: text without control characters."""
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
         raise ValueError("a seat name must not hold control characters (newlines, tabs, NUL)")
     try:
@@ -139,11 +140,11 @@ SeatName = Annotated[
     Field(
         min_length=1,
         max_length=256,
-        json_schema_extra={"pattern": _SEAT_TEXT},
+        json_schema_extra={"pattern": SEAT_TEXT},
         description="what the lease holds, within its role: any text without control "
         "characters, such as the agent's workspace",
     ),
-    AfterValidator(_seat_text),
+    AfterValidator(seat_text),
 ]
 LeaseId = Annotated[str, Field(pattern=_LEASE_ID_SHAPE, description="`l-` and 32 hex digits")]
 Generation = Annotated[int, Field(ge=1)]
