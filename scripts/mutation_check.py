@@ -387,7 +387,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "no-request-deadline",
         "target_side/service/connections.py",
-        "        entry.timer = loop.call_later(self.request_timeout_s, self._expire, fd, entry)",
+        "        entry.timer = loop.call_later(self.request_timeout_s, self._expire, entry)",
         "        entry.timer = None",
         ("tests/test_connections.py -k not_finished_in_time or never_says_hello",),
     ),
