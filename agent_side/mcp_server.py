@@ -27,7 +27,9 @@ import base64
 import binascii
 import contextlib
 import functools
+import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Annotated, Literal, TypeVar
@@ -176,6 +178,9 @@ class Remote:
         self._opening = anyio.Lock()
         self._sessions: set[str] = set()
         """Sessions started here: ended when the server ends."""
+        self._running = 0
+        """Runs not yet over: a cancelled one still has its turn to kill."""
+        self._closed = False
 
     async def target(self) -> Target:
         # One opening at a time: two first calls must not start two embedded targets.
@@ -201,13 +206,15 @@ class Remote:
             finally:
                 submission.settle()
 
+        self._running += 1
         try:
             return await anyio.to_thread.run_sync(wait, abandon_on_cancel=True)
         except anyio.get_cancelled_exc_class():
-            # Shielded, so the server (ending) closes the target only once the kill is sent.
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(submission.kill, target)
             raise
+        finally:
+            self._running -= 1
 
     def opened(self, session_id: str) -> None:
         self._sessions.add(session_id)
@@ -216,8 +223,17 @@ class Remote:
         self._sessions.discard(session_id)
 
     async def close(self) -> None:
-        """End the sessions started here, then close the target (and an embedded one's server)."""
+        """End the sessions started here, then close the target (and an embedded one's server).
+
+        Runs cancelled by the end kill their turns first: the target stays open until they have.
+        """
         with anyio.CancelScope(shield=True):
+            if self._closed:
+                return
+            self._closed = True
+            with anyio.move_on_after(KILL_WAIT_S):
+                while self._running:
+                    await anyio.sleep(0.05)
             if self._sessions:
                 async with anyio.create_task_group() as tasks:
                     for session_id in sorted(self._sessions):
@@ -618,17 +634,24 @@ def serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 async def _serve(server: MCPServer, remote: Remote) -> None:
     try:
         async with anyio.create_task_group() as tasks:
-            tasks.start_soon(_stop_on_signal, tasks.cancel_scope)
+            tasks.start_soon(_stop_on_signal, tasks.cancel_scope, remote)
             await server.run_stdio_async()
             tasks.cancel_scope.cancel()
     finally:
         await remote.close()
 
 
-async def _stop_on_signal(scope: anyio.CancelScope) -> None:
-    """TERM, HUP or INT end the server as a closed stdin does: sessions ended, turns killed."""
+async def _stop_on_signal(scope: anyio.CancelScope, remote: Remote) -> None:
+    """TERM, HUP or INT end the server as a closed stdin does: sessions ended, turns killed.
+
+    The SDK reads stdin on a worker thread that no cancellation reaches, so while stdin
+    stays open the server cannot unwind: once its calls are cancelled and the target is
+    closed, the process leaves at once, with 128 + the signal's number.
+    """
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP, signal.SIGINT) as signals:
-        async for number in signals:
-            say(f"mcp: {signal.Signals(number).name}: ending the sessions started here")
-            scope.cancel()
-            return
+        number = await anext(signals)
+    say(f"mcp: {signal.Signals(number).name}: ending the sessions started here")
+    scope.cancel()
+    await remote.close()
+    sys.stderr.flush()
+    os._exit(128 + number)

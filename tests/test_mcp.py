@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -196,6 +198,51 @@ async def test_sessions_started_here_end_when_the_server_does(
     async with connected(env=paddock_env) as session:
         started = await call(session, "session_start")
         await call(session, "run", command="sleep 600 &", session=started["session_id"])
+    with target.client() as client:
+        response = client.get(f"/v1/sessions/{started['session_id']}")
+    assert response.json()["state"] == "closed"
+
+
+def test_term_ends_the_sessions_started_here_though_stdin_stays_open(
+    paddock_env: dict[str, str], target: Target
+) -> None:
+    """A harness that signals rather than closing stdin: the raw protocol, to hold stdin."""
+    server = subprocess.Popen(
+        [*CLI, "mcp"],
+        env=paddock_env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for message in (
+            {
+                "id": 1,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {},
+                    "clientInfo": {"name": "test", "version": "0"},
+                },
+            },
+            {"method": "notifications/initialized"},
+            {"id": 2, "method": "tools/call", "params": {"name": "session_start", "arguments": {}}},
+        ):
+            server.stdin.write(json.dumps({"jsonrpc": "2.0", **message}) + "\n")
+            server.stdin.flush()
+        server.stdout.readline()  # initialized
+        started = json.loads(server.stdout.readline())["result"]["structuredContent"]
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=20) == 128 + signal.SIGTERM
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+        server.stdin.close()
+    assert "SIGTERM" in server.stderr.read()
+    server.stdout.close()
+    server.stderr.close()
     with target.client() as client:
         response = client.get(f"/v1/sessions/{started['session_id']}")
     assert response.json()["state"] == "closed"
