@@ -65,6 +65,7 @@ from shared.wire import (
     FileListing,
     FileWritten,
     Health,
+    LeaseRef,
     OutputEvent,
     Refusal,
     SessionRequest,
@@ -123,6 +124,7 @@ class Target:
         self._ssh = ssh
         self._cursors = cursors
         self._held: HeldLease | None = None
+        self._named: LeaseRef | None = None
 
     @classmethod
     def https(
@@ -284,6 +286,19 @@ class Target:
         if self._held is held:
             self._held = None
 
+    def act_under(self, lease: LeaseRef | None) -> None:
+        """Name ``lease``, taken elsewhere (``paddock lease take``) and not renewed here, in
+        every request that names none, as a lease held here is; ``None`` stops."""
+        self._named = lease
+
+    def lease_for(self, role: str) -> LeaseRef | None:
+        """The lease a request of ``role`` naming none acts under: the one held here for that
+        role, else the one ``act_under`` named (the target refuses it for another role)."""
+        held = self._held
+        if held is not None and held.lease.role == role:
+            return held.ref
+        return self._named
+
     def session(
         self,
         *,
@@ -318,14 +333,13 @@ class Target:
             idle_s=idle_s,
             lifetime_s=lifetime_s,
         )
-        return TargetSession(self, open_session(self, self._under_held_lease(request)))
+        return TargetSession(self, open_session(self, self.with_lease(request)))
 
-    def _under_held_lease(self, request: _Leased) -> _Leased:
-        """``request``, carrying the lease this target holds for its role if it names none."""
-        held = self._held
-        if request.lease is None and held is not None and held.lease.role == request.role:
-            return request.model_copy(update={"lease": held.ref})
-        return request
+    def with_lease(self, request: _Leased) -> _Leased:
+        """``request``, carrying the lease its role acts under here (``lease_for``) if it
+        names none."""
+        lease = self.lease_for(request.role) if request.lease is None else None
+        return request if lease is None else request.model_copy(update={"lease": lease})
 
     def run_request(
         self,
@@ -338,7 +352,7 @@ class Target:
 
         A request naming no lease carries the one this target holds for its role, if any.
         """
-        request = self._under_held_lease(request)
+        request = self.with_lease(request)
         output = _Collector(on_event)
 
         def submitted(turn_id: str) -> None:
@@ -382,8 +396,7 @@ class Target:
         from agent_side.files import Acting
 
         role = role or self.role
-        held = self._held
-        return Acting(role, held.ref if held is not None and held.lease.role == role else None)
+        return Acting(role, self.lease_for(role))
 
     def read_file(self, path: str, *, role: str | None = None) -> bytes:
         """The whole file at ``path`` on the target.

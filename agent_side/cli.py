@@ -342,6 +342,11 @@ def build_parser(command: str | None = None) -> CommandParser:
     _add_target_options(mcp)
     _add_token_option(mcp)
     mcp.add_argument("--role", help="role to act as (PADDOCK_ROLE; default: the token's only role)")
+    mcp.add_argument(
+        "--lease",
+        metavar="ID",
+        help="act under the lease ID that 'paddock lease take' took, in every tool call",
+    )
     mcp.set_defaults(handler=_command("mcp_command"))
 
     add_deploy_parser(subcommands, options=command in (None, "deploy"))

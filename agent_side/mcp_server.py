@@ -42,11 +42,12 @@ from pydantic import BaseModel, Field
 from agent_side.api import RunResult, Target
 from agent_side.connection import opened_target, refuse_with_local, resolve_connection
 from agent_side.errors import AgentError, FileRefused, SessionRefused
+from agent_side.leases import stored_ref
 from agent_side.local import LOCAL_ROLE
 from agent_side.sessions import open_session, session_request
 from agent_side.turns import new_request
 from agent_side.views import refusal_sentence, say
-from shared.wire import FileEntry, FileListing, Refusal, Session, TurnRequest
+from shared.wire import FileEntry, FileListing, LeaseRef, Refusal, Session, TurnRequest
 
 OUTPUT_LIMIT = 64 * 1024
 """Bytes of each stream a ``run`` result holds; beyond it, the middle is cut."""
@@ -173,7 +174,8 @@ class Remote:
     def __init__(self, args: argparse.Namespace, environ: Mapping[str, str]) -> None:
         self.local = bool(args.local)
         self._exits = contextlib.ExitStack()
-        self._open = lambda: self._exits.enter_context(opened_target(args, environ))
+        self._open = lambda: self._under(self._exits.enter_context(opened_target(args, environ)))
+        self._lease = _lease(args.lease, environ)
         self._target: Target | None = None
         self._opening = anyio.Lock()
         self._sessions: set[str] = set()
@@ -181,6 +183,10 @@ class Remote:
         self._running = 0
         """Runs not yet over: a cancelled one still has its turn to kill."""
         self._closed = False
+
+    def _under(self, target: Target) -> Target:
+        target.act_under(self._lease)
+        return target
 
     async def target(self) -> Target:
         # One opening at a time: two first calls must not start two embedded targets.
@@ -447,7 +453,7 @@ class Tools:
                 idle_s=idle,
                 lifetime_s=lifetime,
             )
-            session = open_session(target, request)
+            session = open_session(target, target.with_lease(request))
             # Noted on this thread, so a server ending meanwhile still ends the session.
             self._remote.opened(session.session_id)
             return session
@@ -614,6 +620,14 @@ def session_report(session: Session) -> SessionReport:
 
 
 # --- the command ----------------------------------------------------------------------------
+
+
+def _lease(lease_id: str | None, environ: Mapping[str, str]) -> LeaseRef | None:
+    """The lease ``--lease ID`` names, as ``paddock lease take`` kept it (read before serving)."""
+    if not lease_id:
+        return None
+    lease_id, seat, generation = stored_ref(lease_id, environ)
+    return LeaseRef(lease_id=lease_id, seat=seat, generation=generation)
 
 
 def serve(args: argparse.Namespace, environ: Mapping[str, str]) -> int:

@@ -1087,7 +1087,7 @@ MUTATIONS += (
     Mutation(
         "python-file-operations-drop-the-held-lease",
         "agent_side/api.py",
-        "        return Acting(role, held.ref if held is not None and held.lease.role == role else None)",
+        "        return Acting(role, self.lease_for(role))",
         "        return Acting(role, None)",
         ("tests/test_agent_leases.py -k file_operations_and_sessions",),
     ),
@@ -1225,6 +1225,20 @@ MUTATIONS += (
         "                pass\n",
         (f"{MCP_TESTS} -k in_flight",),
     ),
+    Mutation(
+        "mcp-lease-not-carried",
+        "agent_side/mcp_server.py",
+        "        target.act_under(self._lease)",
+        "        target.act_under(None)",
+        (f"{MCP_TESTS} -k lease",),
+    ),
+    Mutation(
+        "mcp-session-started-without-the-lease",
+        "agent_side/mcp_server.py",
+        "            session = open_session(target, target.with_lease(request))",
+        "            session = open_session(target, request)",
+        (f"{MCP_TESTS} -k lease",),
+    ),
 )
 
 
@@ -1261,7 +1275,10 @@ def _replacements(mutation: Mutation) -> list[tuple[str, str, str]]:
 
 def _red(tree: Path, spec: str) -> bool:
     path, _, expr = spec.partition(" -k ")
-    argv = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", path]
+    # A base temp of its own: pytest's shared one is swept (and made 0700) by every session,
+    # so a suite running beside this one would turn its tests red for the wrong reason.
+    basetemp = f"--basetemp={tree.parent / 'pytest'}"
+    argv = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", basetemp, path]
     if expr:
         argv += ["-k", expr]
     result = subprocess.run(argv, cwd=tree, capture_output=True, text=True, timeout=600)

@@ -319,3 +319,41 @@ async def test_local_serves_the_current_directory(tmp_path: Path) -> None:
         ran = await call(session, "run", command=["pwd"])
     assert (ran["exit_code"], ran["stdout"]) == (0, f"{tmp_path}\n")
     assert "paddock logs" not in (ran["truncated"] or "")
+
+
+async def test_lease_is_carried_by_every_call_until_superseded(
+    target: Target, workdir: Path, tmp_path: Path
+) -> None:
+    env = environment(target) | {"XDG_STATE_HOME": str(tmp_path / "state"), "HOME": str(tmp_path)}
+    seat = f"mcp-{uuid.uuid4().hex[:8]}"
+
+    def lease(*args: str) -> dict[str, Any]:
+        taken = subprocess.run(
+            [*CLI, "lease", "take", "--json", "--seat", seat, *args],
+            env=os.environ | env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert taken.returncode == 0, taken.stderr
+        return dict(json.loads(taken.stdout))
+
+    first = lease()
+    async with connected("--lease", first["lease_id"], env=env) as client:
+        shown = await call(client, "run", command='echo "$PADDOCK_LEASE_GENERATION"')
+        assert shown["stdout"] == "1\n"
+        await call(client, "write_file", path=str(workdir / "f"), content="held")
+        session = await call(client, "session_start", cwd=str(workdir))
+        assert session["state"] == "open", session
+        # The session's own shell was started under the lease.
+        sid = session["session_id"]
+        shell = await call(client, "run", command='echo "$PADDOCK_LEASE_GENERATION"', session=sid)
+        assert shell["stdout"] == "1\n"
+        lease("--supersede")
+        late = await call(client, "run", command=["true"])
+        assert late["refusal"]["rule"] == "stale-lease"
+        in_session = await call(client, "run", command=["true"], session=session["session_id"])
+        assert in_session["refusal"]["rule"] == "stale-lease"
+        written = await call(client, "write_file", path=str(workdir / "f"), content="zombie")
+        assert written["refusal"]["rule"] == "stale-lease"
+    assert (workdir / "f").read_text() == "held"
