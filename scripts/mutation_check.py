@@ -547,9 +547,9 @@ HOST_EDGES = "tests/test_host_edges.py"
 MUTATIONS += (
     Mutation(
         "bwrap-under-the-turns-env",
-        "target_side/fence/launch.py",
-        "plan.stdin_open, env=BWRAP_ENV",
-        "plan.stdin_open, env={**BWRAP_ENV, **plan.env}",
+        "target_side/fence/identity.py",
+        "            env=BWRAP_ENV,\n            pass_fds",
+        "            env=dict(os.environ),\n            pass_fds",
         (f"{HOST_EDGES} -k env_loader_variables or bwraps_command_line",),
     ),
     Mutation(
@@ -568,10 +568,11 @@ MUTATIONS += (
     ),
     Mutation(
         "supplementary-groups-kept",
-        "target_side/fence/launch.py",
-        "        extra_groups=[] if switch else None,",
-        "        extra_groups=None,",
+        "target_side/fence/identity.py",
+        '        "--clear-groups",\n',
+        '        "--keep-groups",\n',
         (f"{HOST_EDGES}::test_identity_files_a_turn_makes_belong_to_its_role",),
+        also=(('"extra_groups": []', '"extra_groups": None'),),
     ),
     Mutation(
         "git-dir-not-a-mount-point",

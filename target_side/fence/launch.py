@@ -22,6 +22,7 @@ import contextlib
 import functools
 import os
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -72,13 +73,34 @@ def find_bwrap() -> str:
     return found
 
 
-@functools.cache
+RESTORED_BY_SPAWN = frozenset({signal.SIGPIPE, signal.SIGXFSZ})
+"""Ignored by Python itself, and put back to their defaults in every child it spawns."""
+CATCHABLE = tuple(
+    s
+    for s in signal.valid_signals()
+    if s not in (signal.SIGKILL, signal.SIGSTOP, *RESTORED_BY_SPAWN)
+)
+
+
 def signal_reset_prefix() -> tuple[str, ...]:
-    """A prefix that starts bwrap with every signal at its default action, where ``env`` can.
+    """A prefix starting bwrap with every signal at its default action, when one is ignored.
 
     Ignored signals survive exec: a server started with SIGINT ignored (a
     background job, some supervisors) would hand that to every turn, and a
-    forwarded Ctrl-C would reach processes deaf to it.
+    forwarded Ctrl-C would reach processes deaf to it. Looked at on every
+    launch (a few microseconds), since the server's dispositions can change;
+    when nothing is ignored, as under systemd, no extra program runs.
+    """
+    if not any(signal.getsignal(s) == signal.SIG_IGN for s in CATCHABLE):
+        return ()
+    return env_default_signal()
+
+
+@functools.cache
+def env_default_signal() -> tuple[str, ...]:
+    """``env --default-signal --`` where this system's ``env`` has it (coreutils 8.31+).
+
+    Probed once with a child process; the server does so when it starts, off the event loop.
     """
     env = shutil.which("env", path=TRUSTED_BIN_PATH)
     if env is None:

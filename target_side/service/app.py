@@ -115,14 +115,15 @@ def create_app(
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY)
     _install_problem_handlers(app)
 
-    def caller_roles(
+    # Async, though they never wait: a sync dependency costs a hop to a worker thread.
+    async def caller_roles(
         request: Request, _scheme: Annotated[object, Security(BEARER)]
     ) -> frozenset[str]:
         return tokens.roles_for(request.headers.get("authorization"))
 
     Roles = Annotated[frozenset[str], Depends(caller_roles)]
 
-    def visible_turn(turn_id: TurnId, roles: Roles) -> TurnRecord:
+    async def visible_turn(turn_id: TurnId, roles: Roles) -> TurnRecord:
         if not is_turn_id(turn_id):
             raise UnknownTurn(f"{turn_id!r} is not a turn id (t- and 32 hex digits)")
         return manager.get(turn_id, roles)

@@ -60,7 +60,8 @@ from target_side.fence.etc import CuratedEtc, RoleEntry
 from target_side.fence.held import FailureHook, no_failure
 from target_side.fence.home import open_state_root
 from target_side.fence.identity import for_settings
-from target_side.fence.launch import find_bwrap, launch_turn, signal_reset_prefix
+from target_side.fence.identity import warm as warm_spawning
+from target_side.fence.launch import env_default_signal, find_bwrap, launch_turn
 from target_side.fence.limits import Limiter, Totals
 from target_side.fence.runner import Outcome, RunningTurn
 from target_side.policy import refusals
@@ -180,8 +181,9 @@ class TurnManager:
             latest = await asyncio.to_thread(self.ledger.latest_turns, ids)
             for item in found:
                 await self._take_back(item, latest)
-            # Probed once with a child process: off the event loop, before any turn needs it.
-            await asyncio.to_thread(signal_reset_prefix)
+            # Helpers probed once with a child process: off the event loop, before any turn.
+            await asyncio.to_thread(env_default_signal)
+            await asyncio.to_thread(warm_spawning)
         except BaseException:
             self._release_lock()
             raise
