@@ -104,9 +104,9 @@ MUTATIONS = (
     ),
     Mutation(
         "bwrap-under-server-env",
-        "target_side/fence/runner.py",
-        "            env=env,\n",
-        "            env={**os.environ, **env},\n",
+        "target_side/fence/identity.py",
+        "                env=BWRAP_ENV,\n",
+        "                env={**os.environ, **BWRAP_ENV},\n",
         ("tests/test_fence.py::test_fence_env_hostile_server_env_never_arrives",),
     ),
     Mutation(
@@ -167,7 +167,7 @@ MUTATIONS = (
     ),
     Mutation(
         "unlinked-source-reported-as-backend-failure",
-        "target_side/fence/runner.py",
+        "target_side/fence/launch.py",
         """ or "Can't find source path /proc/self/fd/" in last""",
         "",
         ("tests/test_held_paths.py -k unlinked",),
@@ -233,8 +233,8 @@ MUTATIONS = (
     Mutation(
         "seccomp-filter-skipped",
         "target_side/fence/launch.py",
-        "            seccomp=_opened(opened, syscall_filter.filter_fd()),",
-        "            seccomp=None,",
+        "        seccomp = syscall_filter.filter_fd(network=plan.network)\n",
+        "        seccomp = None\n",
         ("tests/test_seccomp.py -k eperm or enosys",),
     ),
     Mutation(
@@ -254,15 +254,15 @@ MUTATIONS = (
     Mutation(
         "turn-not-placed-in-its-cgroups",
         "target_side/fence/identity.py",
-        "            limits.place(pid)",
+        "            await asyncio.to_thread(limits.place, pid)",
         "            pass",
-        ("tests/test_limits.py -k pids_limit_caps or memory_hog or cpu_limit",),
+        ("tests/test_nursery.py -k without_a_worker_is_placed",),
     ),
     Mutation(
         # The fork-bomb test refuses to launch its bomb unless the pids limit is seen to hold.
         "pids-limit-dropped",
         "target_side/fence/limits.py",
-        '\n        *([("pids.max", str(limits.pids))] if "pids" in has else []),',
+        '\n        *([("pids.max", str(limits.pids + seats))] if "pids" in has else []),',
         "",
         ("tests/test_limits.py -k pids_limit_caps or fork_bomb",),
     ),
@@ -542,14 +542,39 @@ MUTATIONS = (
     ),
 )
 
+# --- issue 12: a turn's first process born inside its cgroups ----------------------------------
+MUTATIONS += (
+    Mutation(
+        "server-killed-as-a-turns-straggler",
+        "target_side/fence/limits.py",
+        "    return [pid for pid in listed if pid != os.getpid()]",
+        "    return listed",
+        ("tests/test_nursery.py::test_killing_a_turns_cgroup_never_kills_the_server_listed_in_it",),
+    ),
+    Mutation(
+        "turn-born-outside-its-cgroups",
+        "target_side/fence/nursery.py",
+        '                (slot / "tasks").write_text(f"{tid}\\n")',
+        "                pass",
+        ("tests/test_limits.py::test_pids_limit_is_exactly_the_turns_own",),
+    ),
+    Mutation(
+        "worker-takes-a-turns-pid",
+        "target_side/fence/limits.py",
+        "        seats = self.worker.seats if self.worker is not None else 0",
+        "        seats = 0",
+        ("tests/test_limits.py::test_pids_limit_is_exactly_the_turns_own",),
+    ),
+)
+
 # --- issue 9: the host side of a turn ---------------------------------------------------------
 HOST_EDGES = "tests/test_host_edges.py"
 MUTATIONS += (
     Mutation(
         "bwrap-under-the-turns-env",
         "target_side/fence/identity.py",
-        "            env=BWRAP_ENV,\n            pass_fds",
-        "            env=dict(os.environ),\n            pass_fds",
+        "                env=BWRAP_ENV,\n",
+        "                env=dict(os.environ),\n",
         (f"{HOST_EDGES} -k env_loader_variables or bwraps_command_line",),
     ),
     Mutation(
@@ -591,8 +616,8 @@ MUTATIONS += (
     Mutation(
         "protected-names-audit-skipped",
         "target_side/service/turns.py",
-        "audit.enforce, plan.audit, plan.turn_id",
-        "audit.enforce, {}, plan.turn_id",
+        "plan.role, (plan.uid, plan.gid), plan.audit, plan.turn_id",
+        "plan.role, (plan.uid, plan.gid), {}, plan.turn_id",
         (
             f"{HOST_EDGES} -k redirection_created or hooks_missing or new_ones_at_the_top or symlink_repointed",
         ),

@@ -51,6 +51,12 @@ def test_pids_limit_caps_the_turns_processes(client: httpx.Client) -> None:
     assert _processes_seen(client, 32) <= 32
 
 
+def test_pids_limit_is_exactly_the_turns_own(client: httpx.Client) -> None:
+    # Neither bubblewrap's outer process nor the server thread that started the turn inside
+    # its cgroups (fence.nursery) takes one of the turn's.
+    assert [_processes_seen(client, pids) for pids in (8, 16)] == [8, 16]
+
+
 def _in_cgroup_of(turn_id: str) -> int:
     """Host processes whose cgroup is the turn's (any hierarchy)."""
     count = 0

@@ -32,8 +32,9 @@ from typing import Protocol
 
 from target_side.config import Settings
 from target_side.fence import audit, home
-from target_side.fence.launcher_client import ViaLauncher
+from target_side.fence.launcher_client import ViaLauncher, WriteProtocol
 from target_side.fence.limits import TurnLimits
+from target_side.fence.nursery import Worker
 from target_side.fence.pidns import signal_namespace
 
 BWRAP_ENV = {"PATH": "/usr/bin:/bin:/usr/local/bin"}
@@ -89,7 +90,9 @@ class Identity(Protocol):
         argv: Sequence[str],
         pass_fds: Sequence[int],
         stdin_open: bool,
-    ) -> FenceProcess: ...
+        limits: TurnLimits | None = None,
+    ) -> FenceProcess:
+        """Start ``argv`` as ``ids``; ``limits`` may let it be born inside its cgroups."""
 
     async def prepare_home(self, state_root: Path, role: str, ids: tuple[int, int]) -> str | None:
         """Make or repair the role's home (``fence.home``); a sentence if it was repaired."""
@@ -118,6 +121,7 @@ class InProcess:
         argv: Sequence[str],
         pass_fds: Sequence[int],
         stdin_open: bool,
+        limits: TurnLimits | None = None,
     ) -> FenceProcess:
         uid, gid = ids
         prefix: tuple[str, ...] = ()
@@ -126,20 +130,33 @@ class InProcess:
             prefix = as_ids_prefix(uid, gid)
             if not prefix:
                 switch = {"user": uid, "group": gid, "extra_groups": []}
-        process = await asyncio.create_subprocess_exec(
-            *prefix,
-            *argv,
-            stdin=asyncio.subprocess.PIPE if stdin_open else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=BWRAP_ENV,
-            pass_fds=tuple(pass_fds),
-            start_new_session=True,  # a Ctrl-C at the server's terminal is not the turn's
-            close_fds=True,
-            umask=TURN_UMASK,
-            **switch,
-        )
-        return LocalProcess(process)
+        held: list[int] = []
+
+        def start() -> subprocess.Popen[bytes]:
+            process = subprocess.Popen(
+                [*prefix, *argv],
+                stdin=subprocess.PIPE if stdin_open else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=BWRAP_ENV,
+                pass_fds=tuple(pass_fds),
+                start_new_session=True,  # a Ctrl-C at the server's terminal is not the turn's
+                close_fds=True,
+                umask=TURN_UMASK,
+                **switch,
+            )
+            # Before the worker can reap it: a kill through this never hits a recycled pid.
+            with contextlib.suppress(OSError):
+                held.append(os.pidfd_open(process.pid))
+            return process
+
+        loop = asyncio.get_running_loop()
+        worker = limits.worker if limits is not None else None
+        worker = worker or Worker(loop)
+        process = await worker.start(start)
+        if limits is not None and worker is limits.worker:
+            limits.born_inside = True
+        return await LocalProcess.started(process, worker, held[0] if held else None)
 
     async def prepare_home(self, state_root: Path, role: str, ids: tuple[int, int]) -> str | None:
         return await asyncio.to_thread(home.prepare_home, state_root, role, *ids)
@@ -191,36 +208,69 @@ def warm() -> None:
 
 
 class LocalProcess:
-    """bubblewrap as the server's own child: signalled and placed by the server itself."""
+    """bubblewrap as the server's own child: signalled and placed by the server itself.
 
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
+    Started and waited for by a ``Worker`` thread; its pipes are the event loop's streams.
+    """
+
+    def __init__(self, process: subprocess.Popen[bytes], worker: Worker, pidfd: int | None) -> None:
         self._process = process
+        self._worker = worker
+        self._pidfd = pidfd
         self.pid = process.pid
-        self.stdin = process.stdin
-        self.stdout = process.stdout
-        self.stderr = process.stderr
+        self.stdin: asyncio.StreamWriter | None = None
+        self.stdout: asyncio.StreamReader | None = None
+        self.stderr: asyncio.StreamReader | None = None
         self.lost: str | None = None
         self._reaper: int | None = None
         self._reaper_pid: int | None = None
         self._pid_ns: int | None = None
 
+    @classmethod
+    async def started(
+        cls, process: subprocess.Popen[bytes], worker: Worker, pidfd: int | None
+    ) -> LocalProcess:
+        """``process``, its pipes connected to the running loop."""
+        this = cls(process, worker, pidfd)
+        loop = asyncio.get_running_loop()
+        if process.stdin is not None:
+            transport, protocol = await loop.connect_write_pipe(WriteProtocol, process.stdin)
+            this.stdin = asyncio.StreamWriter(transport, protocol, None, loop)
+        readers = []
+        for pipe in (process.stdout, process.stderr):
+            reader = asyncio.StreamReader()
+            await loop.connect_read_pipe(
+                lambda r=reader: asyncio.StreamReaderProtocol(r),  # type: ignore[misc]
+                pipe,
+            )
+            readers.append(reader)
+        this.stdout, this.stderr = readers
+        return this
+
     @property
     def returncode(self) -> int | None:
-        return self._process.returncode
+        ended = self._worker.ended
+        return ended.result() if ended.done() and not ended.exception() else None
 
     async def wait(self) -> int:
-        return await self._process.wait()
+        return await asyncio.shield(self._worker.ended)
 
     async def communicate(self) -> tuple[bytes, bytes]:
-        return await self._process.communicate()
+        async def drain(stream: asyncio.StreamReader | None) -> bytes:
+            return b"" if stream is None else await stream.read()
+
+        out, err = await asyncio.gather(drain(self.stdout), drain(self.stderr))
+        await self.wait()
+        return out, err
 
     async def adopt(self, pid: int, pid_ns: int | None, limits: TurnLimits | None) -> None:
         # Held as a pidfd so a later kill cannot hit a recycled pid.
         with contextlib.suppress(OSError):
             self._reaper = os.pidfd_open(pid)
         self._reaper_pid, self._pid_ns = pid, pid_ns
-        if limits is not None:
-            limits.place(pid)
+        if limits is not None and not limits.born_inside:
+            # Off the event loop: a cgroup v1 move waits out an RCU grace period (~10 ms).
+            await asyncio.to_thread(limits.place, pid)
 
     def signal_fence(self, signum: int) -> int:
         return signal_namespace(self._pid_ns, self._reaper_pid, signum)
@@ -233,11 +283,17 @@ class LocalProcess:
             self.kill()
 
     def kill(self) -> None:
-        if self._process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGKILL)
+        if self._worker.ended.done():
+            return
+        if self._pidfd is not None:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
 
     def release(self) -> None:
-        if self._reaper is not None:
-            os.close(self._reaper)
-            self._reaper = None
+        for fd in (self._reaper, self._pidfd):
+            if fd is not None:
+                os.close(fd)
+        self._reaper = self._pidfd = None

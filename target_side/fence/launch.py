@@ -287,7 +287,7 @@ async def launch_turn(
         inject("open-to-launch")
         argv = bwrap_argv(bwrap, plan, fds, limits.rlimit_prefix(plan.uid))
         process = await starter.spawn(
-            plan.role, (plan.uid, plan.gid), argv, fds.passed(), plan.stdin_open
+            plan.role, (plan.uid, plan.gid), argv, fds.passed(), plan.stdin_open, limits
         )
     except (LimitError, LauncherError) as exc:
         _close_all(opened)

@@ -85,7 +85,9 @@ class ViaLauncher:
         argv: Sequence[str],
         pass_fds: Sequence[int],
         stdin_open: bool,
+        limits: TurnLimits | None = None,
     ) -> LaunchedProcess:
+        # ``limits``: placed by the launcher once the fence is up (``adopt``), never born inside.
         theirs: list[int] = []
         ours: list[int] = []
         channel: Channel | None = None
@@ -165,7 +167,7 @@ class LaunchedProcess:
         loop = asyncio.get_running_loop()
         if stdin_open:
             transport, protocol = await loop.connect_write_pipe(
-                _WriteProtocol, os.fdopen(ours.pop(0), "wb", 0)
+                WriteProtocol, os.fdopen(ours.pop(0), "wb", 0)
             )
             self.stdin = asyncio.StreamWriter(transport, protocol, None, loop)
         readers = []
@@ -249,5 +251,5 @@ class LaunchedProcess:
             self._channel.close()
 
 
-class _WriteProtocol(asyncio.streams.FlowControlMixin):
+class WriteProtocol(asyncio.streams.FlowControlMixin):
     """The turn's stdin pipe: ``StreamWriter.drain`` waits on its flow control."""

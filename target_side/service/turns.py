@@ -59,7 +59,7 @@ from target_side.errors import (
 from target_side.fence.etc import CuratedEtc, RoleEntry
 from target_side.fence.held import FailureHook, no_failure
 from target_side.fence.home import open_state_root
-from target_side.fence.identity import for_settings
+from target_side.fence.identity import InProcess, for_settings
 from target_side.fence.identity import warm as warm_spawning
 from target_side.fence.launch import env_default_signal, find_bwrap, launch_turn
 from target_side.fence.limits import Limiter, Totals
@@ -184,6 +184,8 @@ class TurnManager:
             # Helpers probed once with a child process: off the event loop, before any turn.
             await asyncio.to_thread(env_default_signal)
             await asyncio.to_thread(warm_spawning)
+            if isinstance(self.identity, InProcess):
+                self.limiter.start_nursery(asyncio.get_running_loop())
         except BaseException:
             self._release_lock()
             raise
@@ -675,6 +677,7 @@ class TurnManager:
                 await self._retry_storage()
         for record in self._turns.values():
             record.spool.close()
+        await asyncio.to_thread(self.limiter.close)
         self._release_lock()
 
     def _release_lock(self) -> None:
