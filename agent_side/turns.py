@@ -93,7 +93,9 @@ def follow_turn(
         on_event(event)
         if event.kind in TERMINAL_KINDS:
             terminal = event
-    return Finished(client.turn(turn_id), terminal)
+    # The terminal event carries the ended turn (from targets that send it): no GET needed.
+    ended = getattr(terminal, "turn", None)
+    return Finished(ended if ended is not None else client.turn(turn_id), terminal)
 
 
 def exit_status(final: Turn, terminal: Event | None) -> int:

@@ -288,6 +288,8 @@ class ExitEvent(_EventBase):
     kind: Literal["exit"] = "exit"
     exit_code: int
     signal: int | None = None
+    turn: Turn | None = None
+    """The turn as it ended (as ``GET /v1/turns/{id}`` would answer); absent from older targets."""
 
 
 class RefusedEvent(_EventBase):
@@ -296,6 +298,8 @@ class RefusedEvent(_EventBase):
     kind: Literal["refused"] = "refused"
     refusal: Refusal
     exit_code: int
+    turn: Turn | None = None
+    """The turn as it ended; absent from older targets."""
 
 
 class NoticeEvent(_EventBase):

@@ -116,7 +116,9 @@ async def launch_planned(
         limiter if limiter is not None else Limiter.detect(),
         inject,
     )
-    return await running.wait(), seen
+    outcome = await running.wait()
+    await running.cleanup()
+    return outcome, seen
 
 
 def make_settings(root: Path, ca: trustme.CA, **role_overrides: object) -> Settings:

@@ -150,7 +150,9 @@ def test_turn_cgroups_are_removed_when_turns_end(client: httpx.Client) -> None:
     turn, _ = run(client, ["true"])
     for hierarchy in Limiter.detect().hierarchies:
         assert hierarchy.turn_parent.name == "paddock-turns"
-        assert not [p for p in hierarchy.turn_parent.iterdir() if turn.turn_id in p.name]
+        # Removed just after the turn's end is out, not before it.
+        parent = hierarchy.turn_parent
+        assert wait_until(lambda p=parent: not [c for c in p.iterdir() if turn.turn_id in c.name])
 
 
 # --- the rlimit fallback, and cgroup v2, where this machine cannot show them ------------------

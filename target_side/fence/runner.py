@@ -149,7 +149,7 @@ class RunningTurn:
         finally:
             self._close_gate()
             self._proc.release()
-            usage = await self._release_limits()
+            usage = self._read_usage()
         outcome = self._outcome(self._proc.returncode or 0)
         outcome.cpu_s, outcome.max_rss_kb = usage.cpu_s, usage.max_rss_kb
         return outcome
@@ -167,7 +167,7 @@ class RunningTurn:
             )
             self.kill()
 
-    async def _release_limits(self) -> Usage:
+    def _read_usage(self) -> Usage:
         limits = self._gate.limits if self._gate is not None else None
         if limits is None:
             return Usage()
@@ -178,8 +178,13 @@ class RunningTurn:
                 message=f"out of memory: the kernel killed {usage.oom_kills} "
                 f"process(es) of the turn at its memory limit",
             )
-        await limits.remove()
         return usage
+
+    async def cleanup(self) -> None:
+        """Remove the turn's cgroups (once ``wait`` returned; its end need not wait for this)."""
+        limits = self._gate.limits if self._gate is not None else None
+        if limits is not None:
+            await limits.remove()
 
     def _outcome(self, returncode: int) -> Outcome:
         wall = round(time.monotonic() - self._started_at, 6)

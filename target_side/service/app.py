@@ -12,6 +12,7 @@ target itself (no CDN: a target may have no way out).
 """
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -333,9 +334,10 @@ async def _sse(
     while True:
         batch = await record.spool.raw_after(seq)
         for seq, kind, line in batch:
-            yield b"id: %d\nevent: %s\ndata: %s\n\n" % (seq, kind.encode(), line)
             if kind in TERMINAL_KINDS:
+                yield b"id: %d\nevent: %s\ndata: %s\n\n" % (seq, kind.encode(), _sse_end(line))
                 return
+            yield b"id: %d\nevent: %s\ndata: %s\n\n" % (seq, kind.encode(), line)
         if batch:
             quiet_since = loop.time()
             continue
@@ -346,6 +348,19 @@ async def _sse(
             return
         if not await record.spool.wait_beyond(seq, budget):
             yield b": ping\n\n"
+
+
+def _sse_end(line: bytes) -> bytes:
+    """A terminal event as the event stream has always sent it: without the ended turn.
+
+    Clients that know of ``turn`` get it from the frame stream; event-stream
+    clients, which may reject a field they do not know, ask ``GET`` for it.
+    """
+    if b'"turn":' not in line:
+        return line
+    event = json.loads(line)
+    event.pop("turn", None)
+    return json.dumps(event, separators=(",", ":")).encode()
 
 
 def _problem(

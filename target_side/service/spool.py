@@ -155,10 +155,23 @@ class EventSpool:
                 self._close_file()
         self._wake()
 
+    def sync(self) -> bool:
+        """Put what was appended on the disk (blocking: the ledger runs it before a turn's end).
+
+        The terminal event that follows is not synced: after a crash of the
+        machine, a restarted target writes it again from the ledger.
+        """
+        if self._fd < 0:
+            return True
+        try:
+            os.fdatasync(self._fd)
+        except OSError as exc:
+            self._refused(f"{self.path}: the turn's output could not be put on the disk", exc)
+            return False
+        return True
+
     def _close_file(self) -> None:
         if self._fd >= 0:
-            with contextlib.suppress(OSError):
-                os.fsync(self._fd)
             os.close(self._fd)
             self._fd = -1
 

@@ -3,6 +3,9 @@
 ``STATE/turns/TURN/record.json`` is the turn as last known (replaced
 atomically on every change) and ``events.jsonl`` its spool. A restarted target
 reads them back, so a turn outlives the process that ran it, as output at least.
+The ledger is the turn's commit point: a record is written after it, without
+waiting for the disk, and a restarted target believes the ledger over a record
+that missed the turn's end.
 
 A record is replaced through a temporary file and a rename, so a crash leaves
 the old record or the new one; what it can leave besides is the temporary file
@@ -57,7 +60,7 @@ class TurnStore:
     def save(self, stored: StoredTurn) -> None:
         directory = self.dir(stored.turn.turn_id)
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        write_atomic(directory / RECORD, stored.model_dump_json().encode())
+        write_atomic(directory / RECORD, stored.model_dump_json().encode(), durable=False)
 
     def load_all(self) -> Iterator[StoredTurn | Unreadable]:
         """Every turn on disk: its record, or what became of a record that does not parse."""

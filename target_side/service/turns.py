@@ -69,7 +69,7 @@ from target_side.policy.forbidden import curated_etc_root, home_place
 from target_side.policy.mounts import ETC_ENTRIES
 from target_side.policy.plan import FencePlan, plan_turn
 from target_side.service.health import HealthBoard
-from target_side.service.ledger import Ledger
+from target_side.service.ledger import Latest, Ledger
 from target_side.service.spool import EventSpool, now
 from target_side.service.state_lock import StateLock
 from target_side.service.store import StoredTurn, TurnStore, Unreadable, expired
@@ -106,7 +106,8 @@ class TurnRecord:
     admitted: bool = False
     """Counted against the caps on running turns until it ends."""
     dirty: bool = False
-    """Its record on disk is older than this one (the disk refused the write)."""
+    """Its record on disk is older than this one (not written yet, or the disk refused it)."""
+    saving: asyncio.Task[None] | None = field(default=None, repr=False)
     stopped: str | None = None
     """Why the target, stopping, killed it (not anything of its own); said in a notice."""
 
@@ -194,11 +195,15 @@ class TurnManager:
         self._check_low_water()
         self._watch = asyncio.create_task(self._watch_disk())
 
-    async def _take_back(
-        self, item: StoredTurn | Unreadable, latest: dict[str, tuple[str, dict[str, Any]]]
-    ) -> None:
+    async def _take_back(self, item: StoredTurn | Unreadable, latest: dict[str, Latest]) -> None:
         if isinstance(item, StoredTurn):
-            await self._recover(item, latest.get(item.turn.turn_id))
+            known = latest.get(item.turn.turn_id)
+            if known is not None and known.kind == "end" and not item.turn.finished:
+                # Its end is in the ledger, the commit point; the record, written after, missed it.
+                turn = Turn.model_validate(known.turn)
+                await self._recover(item.model_copy(update={"turn": turn}), known, rebuilt=True)
+                return
+            await self._recover(item, known)
             return
         known = latest.get(item.turn_id)
         facts: dict[str, Any] = {"reason": item.reason, "kept": item.kept}
@@ -210,13 +215,13 @@ class TurnManager:
             return
         facts["rebuilt_from"] = "ledger"
         await self._ledger_append("recovery", turn_id=item.turn_id, record=facts)
-        stored = StoredTurn(turn=Turn.model_validate(known[1]))
+        stored = StoredTurn(turn=Turn.model_validate(known.turn), idempotency=known.idempotency)
         await self._recover(stored, known, rebuilt=True)
 
     async def _recover(
         self,
         stored: StoredTurn,
-        known: tuple[str, dict[str, Any]] | None,
+        known: Latest | None,
         rebuilt: bool = False,
     ) -> None:
         turn_id = stored.turn.turn_id
@@ -236,7 +241,7 @@ class TurnManager:
         if record.dirty:
             await self._persist(record)
         # An end the ledger lacks (held when the disk was full, or cut by a repair) is recorded.
-        if interrupted or known is None or known[0] != "end":
+        if interrupted or known is None or known.kind != "end":
             await self._ledger_append("end", turn=_turn_json(record.turn))
 
     async def _end_interrupted(self, record: TurnRecord) -> None:
@@ -264,8 +269,8 @@ class TurnManager:
         record.spool.append_kept(
             "notice", message="the target restarted while this turn ran; it was lost"
         )
-        record.spool.append_kept("exit", exit_code=ExitStatus.PADDOCK_FAILED, signal=None)
         record.update(state="lost", exit_code=ExitStatus.PADDOCK_FAILED, ended_at=now())
+        _append_terminal(record)
         log.warning("turn %s was running when the target stopped; marked lost", record.turn.turn_id)
 
     async def submit(self, request: TurnRequest, idempotency_key: str | None = None) -> Turn:
@@ -363,8 +368,11 @@ class TurnManager:
         running = await self._spawn(bwrap, plan, record.spool)
         record.running = running
         record.update(started_at=now(), executable=plan.executable)
-        await self._persist(record)
-        await self._ledger_append("launch", turn=_turn_json(record.turn), **_launch_facts(plan))
+        # The commit point of the turn's start (while bubblewrap sets up): the record follows.
+        key = {"idempotency": record.stored.idempotency} if record.stored.idempotency else {}
+        facts = _launch_facts(plan) | key
+        await self._ledger_append("launch", turn=_turn_json(record.turn), **facts)
+        self._save_soon(record)
         record.spool.append_kept("started", executable=plan.executable)
         record.task = asyncio.create_task(self._follow(record, plan))
 
@@ -403,6 +411,11 @@ class TurnManager:
         for said in moved:
             record.spool.append_kept("notice", message=said)
         await self._finish(record, outcome)
+        try:
+            # After its end is out: removing cgroups waits for their last task to go.
+            await running.cleanup()
+        except Exception:
+            log.exception("turn %s: cleaning up after it failed", plan.turn_id)
 
     async def _finish(
         self, record: TurnRecord, outcome: Outcome, request: TurnRequest | None = None
@@ -424,14 +437,16 @@ class TurnManager:
         record.running = None
         self._count_health(outcome)
         try:
-            # Durable first: whoever sees the terminal event can rely on record and ledger
-            # (or, on a full disk, on the restart that takes the spool's word for it).
-            await self._persist(record)
-            facts = {"request": _request_facts(request)} if request is not None else {}
-            await self._ledger_append("end", turn=_turn_json(record.turn), **facts)
             for message in notices:
                 record.spool.append_kept("notice", message=message)
+            # Durable first: whoever sees the terminal event can rely on the ledger, the
+            # turn's commit point, and on its output, synced before the line that vouches for
+            # it (on a full disk, on the restart that takes the spool's word for it).
+            facts = {"request": _request_facts(request)} if request is not None else {}
+            end = _turn_json(record.turn)
+            await self._ledger_append("end", turn=end, before=record.spool.sync, **facts)
             _append_terminal(record)
+            self._save_soon(record)
         finally:
             # Counted until recorded: a stopping target waits for exactly this.
             if record.admitted:
@@ -462,8 +477,21 @@ class TurnManager:
 
     # --- the state disk ------------------------------------------------------------------------
 
+    def _save_soon(self, record: TurnRecord) -> None:
+        """Write the turn's record in the background: nobody waits for it (the ledger is the
+        commit point, and the record is rebuilt from it after a crash)."""
+        record.dirty = True
+        if record.saving is None or record.saving.done():
+            record.saving = asyncio.create_task(self._save_while_dirty(record))
+
+    async def _save_while_dirty(self, record: TurnRecord) -> None:
+        while record.dirty and self._disk_failure is None:
+            if not await self._persist(record):
+                return
+
     async def _persist(self, record: TurnRecord) -> bool:
         """Save the turn's record; False (and ``dirty``) if the disk refused it."""
+        record.dirty = False
         try:
             await asyncio.to_thread(self.store.save, record.stored)
         except OSError as exc:
@@ -475,8 +503,10 @@ class TurnManager:
         record.dirty = False
         return True
 
-    async def _ledger_append(self, kind: str, **fields: Any) -> bool:
-        written = await self.ledger.append(kind, **fields)
+    async def _ledger_append(
+        self, kind: str, *, before: Callable[[], object] | None = None, **fields: Any
+    ) -> bool:
+        written = await self.ledger.append(kind, before=before, **fields)
         if not written:
             self._storage_failed(
                 StorageError(f"{self.ledger.path}: {self.ledger.held} record(s) wait for the disk")
@@ -672,9 +702,15 @@ class TurnManager:
                 tasks.append(record.task)
         with contextlib.suppress(Exception):
             await asyncio.gather(*tasks)
+        saving = [r.saving for r in self._turns.values() if r.saving is not None]
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*saving)
         if self._ledger is not None and self._disk_failure is not None:
             with contextlib.suppress(Exception):
                 await self._retry_storage()
+        if self._ledger is not None:
+            with contextlib.suppress(Exception):
+                await self._ledger.close()
         for record in self._turns.values():
             record.spool.close()
         await asyncio.to_thread(self.limiter.close)
@@ -705,11 +741,14 @@ def fence_view(plan: FencePlan) -> FenceView:
 
 
 def _append_terminal(record: TurnRecord) -> None:
+    """The turn's terminal event, carrying the turn as it ended: a follower needs no GET."""
     turn = record.turn
     if turn.refusal is not None:
-        record.spool.append_kept("refused", refusal=turn.refusal, exit_code=turn.exit_code)
+        record.spool.append_kept(
+            "refused", refusal=turn.refusal, exit_code=turn.exit_code, turn=turn
+        )
     else:
-        record.spool.append_kept("exit", exit_code=turn.exit_code, signal=turn.signal)
+        record.spool.append_kept("exit", exit_code=turn.exit_code, signal=turn.signal, turn=turn)
 
 
 def role_entries(settings: Settings) -> list[RoleEntry]:
