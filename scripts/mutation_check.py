@@ -567,6 +567,31 @@ MUTATIONS += (
     ),
 )
 
+# --- issue 12: the ledger line as a turn's commit point -----------------------------------------
+MUTATIONS += (
+    Mutation(
+        "record-believed-over-the-ledgers-end",
+        "target_side/service/turns.py",
+        '            if known is not None and known.kind == "end" and not item.turn.finished:',
+        "            if False:",
+        ("tests/test_ledger_recovery.py -k missed_its_end",),
+    ),
+    Mutation(
+        "retry-key-kept-only-in-the-record",
+        "target_side/service/turns.py",
+        '        key = {"idempotency": record.stored.idempotency} if record.stored.idempotency else {}',
+        "        key = {}",
+        ("tests/test_ledger_recovery.py -k rebuilt_from_the_ledger",),
+    ),
+    Mutation(
+        "end-recorded-before-the-output-is-on-disk",
+        "target_side/service/turns.py",
+        '            await self._ledger_append("end", turn=end, before=record.spool.sync, **facts)',
+        '            await self._ledger_append("end", turn=end, **facts)',
+        ("tests/test_durability.py -k output_is_on_disk",),
+    ),
+)
+
 # --- issue 9: the host side of a turn ---------------------------------------------------------
 HOST_EDGES = "tests/test_host_edges.py"
 MUTATIONS += (

@@ -211,3 +211,61 @@ def test_torn_spool_tail_and_torn_record_are_cut_kept_and_the_turn_rebuilt(
     assert rebuilt["record"]["kept"] == kept_record.name  # type: ignore[index]
     assert rebuilt["record"]["rebuilt_from"] == "ledger"  # type: ignore[index]
     assert ledger.verify(state).count >= 4
+
+
+def test_a_turn_whose_record_missed_its_end_is_ended_as_the_ledger_says(tmp_path: Path) -> None:
+    """The ledger line is the commit point; the record is written after it, lazily: a crash of
+    the machine may leave the record saying ``running`` and the spool without its end."""
+    root = Path(canonical_path(tmp_path))
+    config, url = write_config(root)
+    state = root / "state"
+    first = TargetProcess.start(config, url, root / "first.log")
+    turn_id = _run_one_turn(first, ["echo", "hello"])
+    first.terminate()
+    turn_dir = state / "turns" / turn_id
+    record = json.loads((turn_dir / "record.json").read_bytes())
+    ended = dict(record["turn"])
+    record["turn"] = {k: v for k, v in ended.items() if k not in ("exit_code", "ended_at", "usage")}
+    record["turn"]["state"] = "running"
+    (turn_dir / "record.json").write_text(json.dumps(record))
+    spool = turn_dir / "events.jsonl"
+    *whole, _exit = spool.read_bytes().splitlines(keepends=True)
+    spool.write_bytes(b"".join(whole))
+
+    again = TargetProcess.start(config, url, root / "again.log")
+    try:
+        with again.client() as c:
+            turn = c.get(f"/v1/turns/{turn_id}").json()
+            evs = events(c, turn_id)
+    finally:
+        again.terminate()
+    assert (turn["state"], turn["exit_code"]) == ("exited", 0)  # not lost: it did end
+    assert turn["usage"] == ended["usage"]
+    assert [e.kind for e in evs] == ["started", "stdout", "exit"]
+    assert evs[-1].exit_code == 0  # type: ignore[union-attr]
+    assert json.loads((turn_dir / "record.json").read_bytes())["turn"]["state"] == "exited"
+    ends = [r for r in _records(state) if r["kind"] == "end" and r["turn"]["turn_id"] == turn_id]  # type: ignore[index]
+    assert len(ends) == 1  # the ledger had it already: nothing recorded twice
+
+
+def test_a_retried_request_finds_its_turn_rebuilt_from_the_ledger(tmp_path: Path) -> None:
+    root = Path(canonical_path(tmp_path))
+    config, url = write_config(root)
+    state = root / "state"
+    body = {"role": "builder", "argv": ["true"]}
+    key = {"Idempotency-Key": "asked-before-the-crash"}
+    first = TargetProcess.start(config, url, root / "first.log")
+    with first.client() as c:
+        turn_id = c.post("/v1/turns", json=body, headers=key).json()["turn_id"]
+        events(c, turn_id)
+    first.terminate()
+    (state / "turns" / turn_id / "record.json").unlink()  # never reached the disk
+
+    again = TargetProcess.start(config, url, root / "again.log")
+    try:
+        with again.client() as c:
+            retried = c.post("/v1/turns", json=body, headers=key).json()
+    finally:
+        again.terminate()
+    assert retried["turn_id"] == turn_id
+    assert retried["state"] == "exited"
