@@ -44,12 +44,15 @@ from agent_side.errors import (
 )
 from agent_side.sse import ServerSentEvent, SSEDecoder
 from shared import __version__
+from shared.frames import MEDIA_TYPE as FRAMES_MEDIA_TYPE
+from shared.frames import Frame, FrameDecoder, FrameError, moment
 from shared.net import is_loopback
 from shared.wire import (
     EVENTS,
     TERMINAL_KINDS,
     Event,
     Health,
+    OutputEvent,
     PlanResult,
     Problem,
     RoleList,
@@ -67,6 +70,9 @@ _Model = TypeVar("_Model", bound=BaseModel)
 class _TurnList(RootModel[list[Turn]]):
     """The body of ``GET /v1/turns``."""
 
+
+EVENTS_ACCEPT = f"{FRAMES_MEDIA_TYPE}, text/event-stream;q=0.5"
+"""Frames from a target that has them; the event stream from one that does not."""
 
 _MAX_SHOWN_BODY = 200
 _MAX_RETRY_AFTER_S = 60.0
@@ -109,6 +115,10 @@ class TargetClient:
     ``probe_backend`` opens connections the way ``transport`` does, for one
     question asked only when the first exchange fails: does the listener speak
     TLS or plain HTTP (see ``probe``)? Direct connections need none given.
+
+    Events come as frames (``shared.frames``: output as its own bytes, the
+    ended turn in the terminal event) from a target that offers them, else
+    as Server-Sent Events; ``frames=False`` always asks for the event stream.
     """
 
     def __init__(
@@ -122,6 +132,7 @@ class TargetClient:
         retry: RetryPolicy | None = None,
         sleep: Callable[[float], None] = time.sleep,
         probe_backend: httpcore.NetworkBackend | None = None,
+        frames: bool = True,
     ) -> None:
         url = _checked_base_url(base_url, using_transport=transport is not None)
         self._url = url
@@ -134,6 +145,7 @@ class TargetClient:
         self._base_url = str(url).rstrip("/")
         self._retry = retry or RetryPolicy()
         self._sleep = sleep
+        self._accept = EVENTS_ACCEPT if frames else "text/event-stream"
         self._http = httpx.Client(
             base_url=self._base_url,
             verify=tls_context(cacert) if url.scheme == "https" else False,
@@ -251,7 +263,7 @@ class TargetClient:
         if wait is not None:
             params["wait"] = str(wait)
         path = f"/v1/turns/{_segment(turn_id)}/events"
-        headers = {**self._auth, "Accept": "text/event-stream"}
+        headers = {**self._auth, "Accept": self._accept}
         with (
             self._mapped(path),
             self._http.stream("GET", path, params=params, headers=headers) as response,
@@ -260,6 +272,9 @@ class TargetClient:
             if response.status_code != 200:
                 response.read()
                 raise _status_error(response, turn_id=turn_id)
+            if _media_type(response) == FRAMES_MEDIA_TYPE:
+                yield from _frame_events(response.iter_raw())
+                return
             _require_event_stream(response)
             decoder = SSEDecoder()
             chunks = response.iter_bytes()
@@ -470,10 +485,50 @@ def _segment(turn_id: str) -> str:
     return turn_id
 
 
+def _media_type(response: httpx.Response) -> str:
+    return response.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
 def _require_event_stream(response: httpx.Response) -> None:
-    media_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
+    media_type = _media_type(response)
     if media_type != "text/event-stream":
         raise ProtocolError(f"the events route answered {media_type or 'no content type'}")
+
+
+def _frame_events(chunks: Iterator[bytes]) -> Iterator[Event]:
+    """Events from a frame stream; output keeps its bytes as they came."""
+    decoder = FrameDecoder()
+    for chunk in chunks:
+        try:
+            found = decoder.feed(chunk)
+        except FrameError as exc:
+            raise ProtocolError(f"the frame stream is broken: {exc}") from exc
+        for index, frame in enumerate(found):
+            event = _event_of_frame(frame)
+            if event.kind in TERMINAL_KINDS:
+                # Read the stream's last bytes before handing over the end: a
+                # response closed unread costs the pooled connection.
+                for _ in chunks:
+                    pass
+                if index + 1 < len(found):
+                    raise ProtocolError(f"frames follow the terminal event {event.seq}")
+            yield event
+    if decoder.pending:
+        raise ProtocolError(f"the frame stream ended inside a frame ({decoder.pending} bytes)")
+
+
+def _event_of_frame(frame: Frame) -> Event:
+    if frame.is_output:
+        return OutputEvent.of_bytes(frame.seq, moment(frame.at_us), frame.kind, frame.payload)
+    try:
+        event: Event = EVENTS.validate_json(frame.payload)
+    except ValidationError as exc:
+        raise ProtocolError(f"a frame is not a valid Event: {_first_error(exc)}") from exc
+    if (event.kind, event.seq) != (frame.kind, frame.seq):
+        raise ProtocolError(
+            f"frame {frame.seq} ({frame.kind}) carries another event ({event.seq}, {event.kind})"
+        )
+    return event
 
 
 def _event_of(frame: ServerSentEvent) -> Event:

@@ -125,6 +125,8 @@ def sole_role(client: TargetClient) -> str:
 
 def output_bytes(event: OutputEvent) -> bytes:
     """The bytes an output event carries, whichever way it encoded them."""
+    if event.output is not None:
+        return event.output
     if event.data is not None:
         return event.data.encode()
     try:

@@ -7,6 +7,7 @@ whether they are *allowed* is the target's decision, not the model's.
 
 from __future__ import annotations
 
+import base64
 import re
 from datetime import datetime
 from typing import Annotated, Literal
@@ -16,6 +17,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     TypeAdapter,
     field_validator,
     model_validator,
@@ -274,6 +276,24 @@ class OutputEvent(_EventBase):
     kind: Literal["stdout", "stderr"]
     data: str | None = None
     data_b64: str | None = None
+    _bytes: bytes | None = PrivateAttr(default=None)
+
+    @classmethod
+    def of_bytes(cls, seq: int, at: datetime, kind: str, data: bytes) -> OutputEvent:
+        """The event for ``data`` as it came (a frame): text if UTF-8, else base64, and its
+        bytes kept, so a reader writing them out never encodes them back (``output``)."""
+        try:
+            fields = {"data": data.decode()}
+        except UnicodeDecodeError:
+            fields = {"data_b64": base64.b64encode(data).decode()}
+        event = cls.model_construct(seq=seq, at=at, kind=kind, **fields)
+        event._bytes = data
+        return event
+
+    @property
+    def output(self) -> bytes | None:
+        """The bytes, when the event came with them (else from ``data`` or ``data_b64``)."""
+        return self._bytes
 
     @model_validator(mode="after")
     def _one_payload(self) -> OutputEvent:

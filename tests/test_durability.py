@@ -297,7 +297,7 @@ def test_a_turns_output_is_on_disk_before_its_end_is_recorded(
             return str(turn["turn_id"])
 
     turn_id = asyncio.run(scenario())
-    spool = str(settings.state_root / "turns" / turn_id / "events.jsonl")
+    spool = str(settings.state_root / "turns" / turn_id / "events.frames")
     synced = seen.index(("synced", spool))
     end = next(
         i for i, (what, text) in enumerate(seen) if '"kind":"end"' in text and turn_id in text

@@ -16,6 +16,7 @@ from process_support import REPO, TargetProcess, wait_for_exit, write_config
 from shared.walk import canonical_path
 from shared.wire import EVENTS
 from target_side.service import ledger
+from target_side.service.spool import records_on_disk
 
 SHORT_WRITE = """
 import asyncio, resource, signal, sys
@@ -175,11 +176,10 @@ def test_torn_spool_tail_and_torn_record_are_cut_kept_and_the_turn_rebuilt(
     turn_id = _run_one_turn(first, ["echo", "hello"])
     first.terminate()
     turn_dir = state / "turns" / turn_id
-    spool = turn_dir / "events.jsonl"
-    events_before = spool.read_bytes()
-    # What a crash of the machine can leave: a spool line cut short, a record that is not JSON.
-    *whole, _exit_line = events_before.splitlines(keepends=True)
-    torn_spool = _exit_line[:25]
+    spool = turn_dir / "events.frames"
+    # What a crash of the machine can leave: a spool record cut short, a record that is not JSON.
+    *whole, _exit_record = records_on_disk(spool)
+    torn_spool = _exit_record[:25]
     spool.write_bytes(b"".join(whole) + torn_spool)
     torn_record = (turn_dir / "record.json").read_bytes()[:40]
     (turn_dir / "record.json").write_bytes(torn_record)
@@ -194,14 +194,14 @@ def test_torn_spool_tail_and_torn_record_are_cut_kept_and_the_turn_rebuilt(
     assert (turn["state"], turn["exit_code"]) == ("exited", 0)
     assert [e.kind for e in evs] == ["started", "stdout", "exit"]
     assert evs[-1].exit_code == 0  # type: ignore[union-attr]
-    (kept_spool,) = turn_dir.glob("events.jsonl.torn-*")
+    (kept_spool,) = turn_dir.glob("events.frames.torn-*")
     assert kept_spool.read_bytes() == torn_spool
     (kept_record,) = turn_dir.glob("record.json.torn-*")
     assert kept_record.read_bytes() == torn_record
     recoveries = [r for r in _records(state) if r["kind"] == "recovery"]
     cut = next(r["cut"] for r in recoveries if "cut" in r)
     assert cut == {
-        "file": f"turns/{turn_id}/events.jsonl",
+        "file": f"turns/{turn_id}/events.frames",
         "bytes": len(torn_spool),
         "sha256": hashlib.sha256(torn_spool).hexdigest(),
         "kept": kept_spool.name,
@@ -228,8 +228,8 @@ def test_a_turn_whose_record_missed_its_end_is_ended_as_the_ledger_says(tmp_path
     record["turn"] = {k: v for k, v in ended.items() if k not in ("exit_code", "ended_at", "usage")}
     record["turn"]["state"] = "running"
     (turn_dir / "record.json").write_text(json.dumps(record))
-    spool = turn_dir / "events.jsonl"
-    *whole, _exit = spool.read_bytes().splitlines(keepends=True)
+    spool = turn_dir / "events.frames"
+    *whole, _exit = records_on_disk(spool)
     spool.write_bytes(b"".join(whole))
 
     again = TargetProcess.start(config, url, root / "again.log")

@@ -17,8 +17,6 @@ the placement into limits go through it, the same either way.
 from __future__ import annotations
 
 import asyncio
-import base64
-import codecs
 import contextlib
 import json
 import os
@@ -81,23 +79,19 @@ class _Status:
     started: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-class OutputDecoder:
-    """Turns a byte stream into text events, holding back a split UTF-8 character.
-
-    Bytes that are not valid UTF-8 go out as base64 rather than being mangled.
-    """
-
-    def __init__(self) -> None:
-        self._decoder = codecs.getincrementaldecoder("utf-8")()
-
-    def feed(self, chunk: bytes, final: bool = False) -> dict[str, str] | None:
-        pending = self._decoder.getstate()[0]
-        try:
-            text = self._decoder.decode(chunk, final=final)
-        except UnicodeDecodeError:
-            self._decoder.reset()
-            return {"data_b64": base64.b64encode(pending + chunk).decode()}
-        return {"data": text} if text else None
+def whole_characters(data: bytes) -> int:
+    """Where ``data`` ends on a whole UTF-8 character: a character split by a read is held
+    back for the next one, so each output event of UTF-8 text is text (event-stream clients
+    get ``data``, not ``data_b64``). Bytes that are not UTF-8 are never held."""
+    end = len(data)
+    for back in range(1, min(4, end) + 1):
+        byte = data[end - back]
+        if byte < 0x80:
+            return end
+        if byte >= 0xC0:  # the lead byte of the last character: whole if all of it is here
+            size = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return end if back >= size else end - back
+    return end
 
 
 class RunningTurn:
@@ -227,18 +221,20 @@ class RunningTurn:
         return refusals.backend_unavailable(why).refusal
 
     async def _pump(self, stream: asyncio.StreamReader | None, kind: str) -> None:
+        """The stream's bytes as output events, as read: never decoded, escaped or encoded."""
         if stream is None:
             return
-        decoder = OutputDecoder()
+        held = b""
         while chunk := await stream.read(READ_CHUNK):
             if kind == "stderr":
                 self._stderr_tail = (self._stderr_tail + chunk)[-STDERR_TAIL:]
-            self._deliver(kind, decoder.feed(self._within_output_limit(chunk)))
-        self._deliver(kind, decoder.feed(b"", final=True))
-
-    def _deliver(self, kind: str, payload: dict[str, str] | None) -> None:
-        if payload:
-            self._emit(kind, **payload)
+            data = held + self._within_output_limit(chunk)
+            cut = whole_characters(data)
+            held = data[cut:]
+            if cut:
+                self._emit(kind, raw=data[:cut])
+        if held:
+            self._emit(kind, raw=held)
 
     def _within_output_limit(self, chunk: bytes) -> bytes:
         if self._output_left >= len(chunk):

@@ -1,7 +1,8 @@
 """Turns on disk: one directory per turn, holding its record and its event spool.
 
 ``STATE/turns/TURN/record.json`` is the turn as last known (replaced
-atomically on every change) and ``events.jsonl`` its spool. A restarted target
+atomically on every change) and ``events.frames`` its spool (``events.jsonl``
+for a turn spooled before frames). A restarted target
 reads them back, so a turn outlives the process that ran it, as output at least.
 The ledger is the turn's commit point: a record is written after it, without
 waiting for the disk, and a restarted target believes the ledger over a record
@@ -27,11 +28,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from shared.wire import Turn, is_turn_id
 from target_side.safe_files import write_atomic
+from target_side.service.spool import FRAMES, LINES
 from target_side.service.tails import stamp
 
 log = logging.getLogger("paddock.target")
 RECORD = "record.json"
-EVENTS = "events.jsonl"
 LOST_AND_FOUND = "lost+found"
 
 
@@ -55,7 +56,9 @@ class TurnStore:
         return self.root / turn_id
 
     def spool_path(self, turn_id: str) -> Path:
-        return self.dir(turn_id) / EVENTS
+        """The turn's spool: frames, unless it was spooled as JSON lines before them."""
+        legacy = self.dir(turn_id) / LINES
+        return legacy if legacy.exists() else self.dir(turn_id) / FRAMES
 
     def save(self, stored: StoredTurn) -> None:
         directory = self.dir(stored.turn.turn_id)
