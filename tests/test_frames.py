@@ -16,7 +16,7 @@ from agent_side.turns import drive, output_bytes
 from shared import frames
 from shared.walk import canonical_path
 from shared.wire import EVENTS, ExitEvent, OutputEvent, Turn, TurnRequest
-from target_side.service.spool import events_on_disk, records_on_disk
+from target_side.service.spool import EventSpool, events_on_disk, records_on_disk
 
 BYTES = bytes(range(256)) * 64 + b"\0" * 4096 + "é€😀".encode()
 """Every byte value, NULs, and characters of two to four bytes: what text output is not."""
@@ -170,3 +170,22 @@ def test_a_spool_from_before_frames_is_still_served_both_ways(tmp_path: Path) ->
     data = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data:")]
     assert [d["seq"] for d in data] == [f.seq for f in before]
     assert not (turn_dir / "events.frames").exists()
+
+
+async def test_a_running_turns_tail_is_served_from_memory_as_the_file_has_it(
+    tmp_path: Path,
+) -> None:
+    spool = EventSpool(tmp_path / "events.frames")
+    spool.append_kept("started")
+    for i in range(40):
+        spool.append("stdout", raw=bytes([i]) * 100_000)  # 4 MB: more than the tail keeps
+    on_disk = records_on_disk(tmp_path / "events.frames")
+    for after in (0, 1, 20, 35, 40):
+        served = b""
+        seq = after
+        while seq < spool.last_seq:
+            seq, _, block = await spool.frames_after(seq)
+            served += block
+        assert served == b"".join(on_disk[after:]), after
+        lines = await spool.raw_after(after)
+        assert [seq for seq, _, _ in lines] == list(range(after + 1, min(after + 256, 41) + 1))

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Protocol
 
 from target_side.config import Settings
-from target_side.fence import audit, home
+from target_side.fence import audit, home, pipes
 from target_side.fence.launcher_client import ViaLauncher, WriteProtocol
 from target_side.fence.limits import TurnLimits
 from target_side.fence.nursery import Worker
@@ -233,12 +233,15 @@ class LocalProcess:
         """``process``, its pipes connected to the running loop."""
         this = cls(process, worker, pidfd)
         loop = asyncio.get_running_loop()
+        for pipe in (process.stdout, process.stderr):
+            if pipe is not None:
+                pipes.widen(pipe.fileno())
         if process.stdin is not None:
             transport, protocol = await loop.connect_write_pipe(WriteProtocol, process.stdin)
             this.stdin = asyncio.StreamWriter(transport, protocol, None, loop)
         readers = []
         for pipe in (process.stdout, process.stderr):
-            reader = asyncio.StreamReader()
+            reader = asyncio.StreamReader(limit=pipes.READ_BYTES)
             await loop.connect_read_pipe(
                 lambda r=reader: asyncio.StreamReaderProtocol(r),  # type: ignore[misc]
                 pipe,

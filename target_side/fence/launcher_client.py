@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from target_side.errors import LauncherError
+from target_side.fence import pipes
 from target_side.fence.launcher import Channel, close_all
 from target_side.fence.limits import TurnLimits
 
@@ -100,6 +101,7 @@ class ViaLauncher:
                 theirs.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
             for _ in ("stdout", "stderr"):
                 read, write = os.pipe()
+                pipes.widen(read)
                 theirs.append(write)
                 ours.append(read)
             if {0, 1, 2} & set(pass_fds):
@@ -172,7 +174,7 @@ class LaunchedProcess:
             self.stdin = asyncio.StreamWriter(transport, protocol, None, loop)
         readers = []
         for fd in ours:
-            reader = asyncio.StreamReader()
+            reader = asyncio.StreamReader(limit=pipes.READ_BYTES)
             await loop.connect_read_pipe(
                 lambda r=reader: asyncio.StreamReaderProtocol(r), os.fdopen(fd, "rb", 0)
             )

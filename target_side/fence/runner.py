@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from shared.exit_status import ExitStatus, for_signal, signal_of
 from shared.wire import Refusal
 from target_side.errors import LauncherError, StorageError
+from target_side.fence import pipes
 from target_side.fence.identity import FenceProcess
 from target_side.fence.limits import TurnLimits, Usage
 from target_side.policy import refusals
 
-READ_CHUNK = 64 * 1024
 STDERR_TAIL = 4096
 SIGNALS = {
     "INT": signal.SIGINT,
@@ -225,7 +225,7 @@ class RunningTurn:
         if stream is None:
             return
         held = b""
-        while chunk := await stream.read(READ_CHUNK):
+        while chunk := await stream.read(pipes.READ_BYTES):
             if kind == "stderr":
                 self._stderr_tail = (self._stderr_tail + chunk)[-STDERR_TAIL:]
             data = held + self._within_output_limit(chunk)

@@ -1,8 +1,10 @@
 """A turn's events, appended to a file on disk and read back from any seq.
 
-Output is never held in memory beyond one read: each event is one record of
-the file, and only the byte offset and kind of each record are kept, so a
-reader can resume from any seq, and memory stays flat whatever a turn prints.
+Output is not held in memory beyond the last ``TAIL_BYTES`` of a running turn:
+each event is one record of the file, and only the byte offset and kind of
+each record are kept, so a reader can resume from any seq, and memory stays
+flat whatever a turn prints. The tail serves the followers that keep up with
+the turn from memory, without a read of the file.
 
 A spool is frames (``events.frames``, ``shared.frames``): a turn's output is
 stored as the bytes it wrote, and the frame stream serves the file's bytes as
@@ -28,6 +30,7 @@ import contextlib
 import json
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,6 +47,8 @@ READ_BATCH = 256
 """Events per read for the event stream."""
 FRAMES_BATCH_BYTES = 4 << 20
 """Bytes per read for the frame stream (whole frames; one larger frame goes alone)."""
+TAIL_BYTES = 2 << 20
+"""Recent records of a running turn kept in memory for the followers keeping up with it."""
 FRAMES = "events.frames"
 LINES = "events.jsonl"
 OUTPUT_KINDS = frozenset({"stdout", "stderr"})
@@ -82,6 +87,8 @@ class EventSpool:
         except OSError as exc:
             raise self._refused(f"{path}: cannot open the event spool", exc) from exc
         self._held: list[tuple[str, bytes]] = []
+        self._tail: deque[bytes] = deque()
+        self._tail_bytes = 0
         self._changed = asyncio.Event()
         self.finished = bool(self._kinds) and self._kinds[-1] in TERMINAL_KINDS
         if self.finished:
@@ -106,7 +113,7 @@ class EventSpool:
             # Order is the contract: nothing goes to disk ahead of an event still held.
             raise self._refused(f"{self.path}: events before this one wait for the disk", None)
         self._write(record)
-        self._committed(kind, len(record))
+        self._committed(kind, record)
 
     def append_kept(self, kind: str, **fields: Any) -> bool:
         """Record one event of the target's own; if the disk refuses it, hold it in memory.
@@ -120,7 +127,7 @@ class EventSpool:
             except StorageError:
                 pass
             else:
-                self._committed(kind, len(record))
+                self._committed(kind, record)
                 return True
         self._held.append((kind, record))
         self._kinds.append(kind)
@@ -138,6 +145,7 @@ class EventSpool:
             self._held.pop(0)
             self._offsets.append(self._size)
             self._size += len(record)
+            self._keep(record)
             if kind in TERMINAL_KINDS:
                 self._close_file()
         return True
@@ -168,11 +176,19 @@ class EventSpool:
         self._on_storage_error(error)
         return error
 
-    def _committed(self, kind: str, length: int) -> None:
+    def _committed(self, kind: str, record: bytes) -> None:
         self._offsets.append(self._size)
         self._kinds.append(kind)
-        self._size += length
+        self._size += len(record)
+        self._keep(record)
         self._settle(kind)
+
+    def _keep(self, record: bytes) -> None:
+        """Keep the newest record in the tail; the oldest go past ``TAIL_BYTES`` (one stays)."""
+        self._tail.append(record)
+        self._tail_bytes += len(record)
+        while self._tail_bytes > TAIL_BYTES and len(self._tail) > 1:
+            self._tail_bytes -= len(self._tail.popleft())
 
     def _settle(self, kind: str) -> None:
         if kind in TERMINAL_KINDS:
@@ -180,6 +196,10 @@ class EventSpool:
             if not self._held:
                 self._close_file()
         self._wake()
+        if self.finished:
+            # Ended: who reads it now reads the file; no memory is kept for it.
+            self._tail.clear()
+            self._tail_bytes = 0
 
     def sync(self) -> bool:
         """Put what was appended on the disk (blocking: the ledger runs it before a turn's end).
@@ -242,6 +262,15 @@ class EventSpool:
             held = self._held[first - on_disk :][: count or READ_BATCH]
             return [(first + i + 1, kind, record) for i, (kind, record) in enumerate(held)]
         last = self._last_record(first, on_disk, count, size)
+        kept = on_disk - len(self._tail)
+        if first >= kept:
+            # In the tail: from memory, no read of the file.
+            records = [self._tail[i - kept] for i in range(first, last)]
+            if count is None:
+                return [(last, self._kinds[last - 1], b"".join(records))]
+            return [
+                (i + 1, self._kinds[i], r) for i, r in zip(range(first, last), records, strict=True)
+            ]
         start = self._offsets[first]
         data = await asyncio.to_thread(_read_range, self.path, start, self._boundary(last))
         if count is None:
