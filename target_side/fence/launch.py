@@ -21,10 +21,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import shutil
 import signal
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from shared.wire import Refusal
@@ -233,10 +234,16 @@ def args_fd(options: Sequence[str]) -> int:
     return memory_file("paddock-args", b"".join(o.encode() + b"\0" for o in options))
 
 
-def explain_setup_failure(stderr_tail: bytes) -> Refusal:
-    """The refusal for a bubblewrap that failed before the command ran, from its own words."""
+def explain_setup_failure(stderr_tail: bytes, sources: Mapping[int, str] | None = None) -> Refusal:
+    """The refusal for a bubblewrap that failed before the command ran, from its own words.
+
+    ``sources`` names what each held descriptor is, so that bubblewrap's
+    ``/proc/self/fd/N`` is said as the path a person knows.
+    """
     tail = stderr_tail.decode(errors="replace").strip().splitlines()
     last = tail[-1] if tail else "no message"
+    for fd, path in (sources or {}).items():
+        last = re.sub(rf"/proc/self/fd/{fd}\b", f"{path} (/proc/self/fd/{fd})", last)
     if "execvp" in last:
         why = f"could not be executed in the fence ({last})"
         return refusals.not_executable("argv[0]", "", why).refusal
@@ -306,6 +313,8 @@ async def launch_turn(
         raise
     # The runner keeps the status pipe's read end and the gate's write end; bwrap has the rest.
     _close_all(fd for fd in opened if fd not in (status_read, block_write))
+    sources = {fd: m.source for m, fd in zip(plan.mounts, held.mounts, strict=True) if fd}
+    sources[held.exe] = plan.executable.path
     return RunningTurn(
         process,
         status_read,
@@ -313,7 +322,7 @@ async def launch_turn(
         plan.limits.wall_s,
         plan.limits.output_mb << 20,
         Gate(block_write, limits),
-        explain_setup_failure,
+        lambda tail: explain_setup_failure(tail, sources),
     )
 
 

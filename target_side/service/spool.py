@@ -74,18 +74,19 @@ class EventSpool:
     the caller does.
     """
 
-    def __init__(self, path: Path, on_storage_error: OnStorageError = _ignore) -> None:
+    def __init__(
+        self, path: Path, on_storage_error: OnStorageError = _ignore, *, on_disk: bool = True
+    ) -> None:
         self.path = path
         self._format: _Format = _Lines() if path.name.endswith(".jsonl") else _Frames()
         self._on_storage_error = on_storage_error
-        try:
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            self._offsets, self._kinds, self._size, self.cut = _index(path, self._format)
-            self._fd = os.open(
-                path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
-            )
-        except OSError as exc:
-            raise self._refused(f"{path}: cannot open the event spool", exc) from exc
+        self._offsets: list[int] = []
+        self._kinds: list[str] = []
+        self._size = 0
+        self.cut: Cut | None = None
+        self._fd = -1
+        if on_disk:
+            self.create()
         self._held: list[tuple[str, bytes]] = []
         self._tail: deque[bytes] = deque()
         self._tail_bytes = 0
@@ -93,6 +94,28 @@ class EventSpool:
         self.finished = bool(self._kinds) and self._kinds[-1] in TERMINAL_KINDS
         if self.finished:
             self._close_file()
+
+    @classmethod
+    def new(cls, path: Path, on_storage_error: OnStorageError = _ignore) -> EventSpool:
+        """The spool of a turn being made, not yet on disk: ``create`` makes it (blocking)."""
+        return cls(path, on_storage_error, on_disk=False)
+
+    def create(self, *, report: bool = True) -> None:
+        """Open the spool's file (made if missing; a torn tail of one found is cut, see
+        ``_index``), or raise ``StorageError``; ``report=False`` (off the event loop) leaves
+        telling ``on_storage_error`` to the caller."""
+        path = self.path
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._offsets, self._kinds, self._size, self.cut = _index(path, self._format)
+            self._fd = os.open(
+                path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+            )
+        except OSError as exc:
+            what = f"{path}: cannot open the event spool"
+            if not report:
+                raise StorageError(f"{what} ({exc.strerror or exc})") from exc
+            raise self._refused(what, exc) from exc
 
     @property
     def last_seq(self) -> int:

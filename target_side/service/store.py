@@ -55,6 +55,10 @@ class TurnStore:
     def dir(self, turn_id: str) -> Path:
         return self.root / turn_id
 
+    def new_spool_path(self, turn_id: str) -> Path:
+        """The spool of a turn being made now (frames; nothing on disk to look at)."""
+        return self.dir(turn_id) / FRAMES
+
     def spool_path(self, turn_id: str) -> Path:
         """The turn's spool: frames, unless it was spooled as JSON lines before them."""
         legacy = self.dir(turn_id) / LINES

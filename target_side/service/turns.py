@@ -29,6 +29,7 @@ import signal
 import uuid
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -93,6 +94,8 @@ STOP_POLL_S = 0.05
 KILL_WAIT_S = 10.0
 """After the grace time: how long killed turns get to be reaped and recorded."""
 LAUNCH_FAILED = "the target failed to launch this turn; the target's log says why"
+BLOCKING_THREADS = 64
+"""Threads for the blocking steps of turns (mostly waiting on the kernel, not on Python)."""
 
 
 @dataclass
@@ -170,6 +173,11 @@ class TurnManager:
         server that does not hold it.
         """
         root = self.settings.state_root
+        # Every turn does blocking work on threads (planning, placing, recording, auditing):
+        # the default pool (cores + 4 threads) would make a burst of turns wait in line.
+        asyncio.get_running_loop().set_default_executor(
+            ThreadPoolExecutor(BLOCKING_THREADS, thread_name_prefix="paddock-blocking")
+        )
         await asyncio.to_thread(open_state_root, root)
         if self._lock is None:
             listen = self.settings.server.listen
@@ -187,6 +195,9 @@ class TurnManager:
             await asyncio.to_thread(warm_spawning)
             if isinstance(self.identity, InProcess):
                 self.limiter.start_nursery(asyncio.get_running_loop())
+            # The fence's /etc copied now, not by the first turn (a copy takes a while).
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(self.etc.current)
         except BaseException:
             self._release_lock()
             raise
@@ -284,15 +295,24 @@ class TurnManager:
             return self._turns[self._idempotency[key]].turn
         self._check_low_water()
         self._admit(request.role)
-        try:
-            record = self._new_record(request, key)
-        except StorageError:
-            self._release(request.role)
-            raise self._disk_unavailable() from None
+        record = self._new_record(request, key)
         record.admitted = True
         try:
-            # Off the event loop: planning walks paths and searches writable mounts.
-            plan = await asyncio.to_thread(self.plan, request, record.turn.turn_id)
+            # Off the event loop: the spool is made, and planning walks paths and searches
+            # writable mounts.
+            plan = await asyncio.to_thread(self._make_and_plan, record, request)
+        except StorageError as exc:
+            # The turn's spool could not be made: nothing was, and the disk says why.
+            self._forget(record)
+            self._release(request.role)
+            self._storage_failed(exc)
+            raise self._disk_unavailable() from None
+        except RefusedError as refused:
+            await self._finish(
+                record, Outcome(refused.refusal.exit_code, refusal=refused.refusal), request
+            )
+            return record.turn
+        try:
             await self._launch(record, plan)
         except RefusedError as refused:
             await self._finish(
@@ -349,15 +369,26 @@ class TurnManager:
         )
 
     def _new_record(self, request: TurnRequest, key: str | None) -> TurnRecord:
+        """The turn, known (and its key) at once; ``_make_and_plan`` makes its spool on disk."""
         turn_id = f"t-{uuid.uuid4().hex}"
         turn = Turn(turn_id=turn_id, role=request.role, state="running", created_at=now())
         stored = StoredTurn(turn=turn, idempotency=key)
-        spool = EventSpool(self.store.spool_path(turn_id), self._storage_failed)
+        spool = EventSpool.new(self.store.new_spool_path(turn_id), self._storage_failed)
         record = TurnRecord(stored, spool)
         self._turns[turn_id] = record
         if key is not None:
             self._idempotency[key] = turn_id
         return record
+
+    def _forget(self, record: TurnRecord) -> None:
+        del self._turns[record.turn.turn_id]
+        if record.stored.idempotency is not None:
+            self._idempotency.pop(record.stored.idempotency, None)
+
+    def _make_and_plan(self, record: TurnRecord, request: TurnRequest) -> FencePlan:
+        """The turn's spool made on disk, then its fence planned (blocking)."""
+        record.spool.create(report=False)
+        return self.plan(request, record.turn.turn_id)
 
     async def _launch(self, record: TurnRecord, plan: FencePlan) -> None:
         try:
