@@ -22,6 +22,12 @@ Over SSH, an HTTPS listener's certificate is checked against ``cacert`` when
 given, else against the CA the target host keeps at ``remote_cacert`` (where
 ``paddock deploy`` puts it), read over the SSH connection already verified.
 
+``with target.lease(seat, ttl_s=60) as held:`` takes a lease on a seat (by
+default the role's first workspace), renews it in the background, and
+releases it at the end; every turn the target runs meanwhile carries it, so
+the target refuses them once a newer holder has superseded it
+(``held.lost`` then says so).
+
 With ``cursors=CursorStore.for_user(os.environ, url)`` a ``Target`` records,
 per turn, the last event handed to ``on_event`` (once the callback returned),
 as ``paddock run`` does for what it prints; ``attach(turn_id)`` goes on from
@@ -42,7 +48,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
@@ -50,19 +56,34 @@ from agent_side.client import DEFAULT_TIMEOUT, TargetClient, pinned_tls_context,
 from agent_side.cursors import Cursor, CursorStore
 from agent_side.defaults import DEFAULT_SSH_TARGET, REMOTE_CA
 from agent_side.errors import AgentError, UsageError
+from agent_side.leases import HeldLease
 from agent_side.turns import Finished, drive, follow_turn, new_request, output_bytes, sole_role
 from shared.net import is_loopback
-from shared.wire import Event, Health, OutputEvent, Refusal, Turn, TurnRequest
+from shared.wire import (
+    ArchiveWritten,
+    Event,
+    FileListing,
+    FileWritten,
+    Health,
+    OutputEvent,
+    Refusal,
+    SessionRequest,
+    Turn,
+    TurnRequest,
+)
 
 if TYPE_CHECKING:
     # paramiko is imported only when an SSH target is opened: it adds about a
     # third of a second to the start of every paddock command that never uses it.
+    from agent_side.files import Acting
+    from agent_side.sessions import AsyncTargetSession, TargetSession
     from agent_side.ssh import PassphraseSource, SshConnection, SshTimeouts
 
 CANCEL_WAIT_S = 60.0
 """How long a cancelled run waits for its submission's answer, to know which turn to kill."""
 
 _T = TypeVar("_T")
+_Leased = TypeVar("_Leased", TurnRequest, SessionRequest)
 
 
 @dataclass(frozen=True)
@@ -101,6 +122,7 @@ class Target:
         self._role = role
         self._ssh = ssh
         self._cursors = cursors
+        self._held: HeldLease | None = None
 
     @classmethod
     def https(
@@ -236,6 +258,75 @@ class Target:
         )
         return self.run_request(request, on_event=on_event)
 
+    def lease(
+        self,
+        seat: str | None = None,
+        ttl_s: float = 60.0,
+        *,
+        supersede: bool = False,
+        role: str | None = None,
+    ) -> HeldLease:
+        """Take a lease on ``seat``, renewed in the background; turns run meanwhile carry it.
+
+        Use as a context manager (leaving it releases the lease). ``SeatTaken``
+        while another lease holds the seat, unless ``supersede``.
+        """
+        if self._held is not None:
+            raise UsageError(
+                f"this Target already holds lease {self._held.lease.lease_id}; release it "
+                "first, or open another Target for a second seat"
+            )
+        lease = self._client.take_lease(role or self.role, seat, ttl_s, supersede=supersede)
+        self._held = HeldLease(self._client, lease, on_close=self._lease_closed)
+        return self._held.start()
+
+    def _lease_closed(self, held: HeldLease) -> None:
+        if self._held is held:
+            self._held = None
+
+    def session(
+        self,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        read: Sequence[str] = (),
+        write: Sequence[str] = (),
+        network: bool = False,
+        timeout: float | None = None,
+        idle_s: float | None = None,
+        lifetime_s: float | None = None,
+        role: str | None = None,
+    ) -> TargetSession:
+        """Start a session (one fence, one shell) and return it; ``with`` ends it on leaving.
+
+        The fence is planned as ``run`` with the same arguments would be, and
+        a refusal raises ``SessionRefused`` (its ``refusal`` says why).
+        ``timeout`` is each turn's wall-time limit unless it asks for less;
+        ``idle_s`` and ``lifetime_s`` end the session (at most the role's).
+        agent_side/sessions.py shows it in use.
+        """
+        from agent_side.sessions import TargetSession, open_session, session_request
+
+        request = session_request(
+            role=role or self.role,
+            cwd=cwd,
+            env=env,
+            read=read,
+            write=write,
+            network=network,
+            timeout=timeout,
+            idle_s=idle_s,
+            lifetime_s=lifetime_s,
+        )
+        return TargetSession(self, open_session(self, self._under_held_lease(request)))
+
+    def _under_held_lease(self, request: _Leased) -> _Leased:
+        """``request``, carrying the lease this target holds for its role if it names none."""
+        held = self._held
+        if request.lease is None and held is not None and held.lease.role == request.role:
+            return request.model_copy(update={"lease": held.ref})
+        return request
+
     def run_request(
         self,
         request: TurnRequest,
@@ -243,7 +334,11 @@ class Target:
         on_event: Callable[[Event], None] | None = None,
         on_submitted: Callable[[str], None] | None = None,
     ) -> RunResult:
-        """Run a prepared ``TurnRequest``; ``on_submitted`` gets the turn id once it exists."""
+        """Run a prepared ``TurnRequest``; ``on_submitted`` gets the turn id once it exists.
+
+        A request naming no lease carries the one this target holds for its role, if any.
+        """
+        request = self._under_held_lease(request)
         output = _Collector(on_event)
 
         def submitted(turn_id: str) -> None:
@@ -279,9 +374,67 @@ class Target:
             finished = follow_turn(self._client, turn_id, output.event, after=after)
         return output.result(finished)
 
+    # --- files (docs/api.md, "Files"): done on the target as the role's uid -----------------
+
+    def acting(self, role: str | None = None) -> Acting:
+        """Who a file operation is done as: ``role`` (default: this target's), under the lease
+        this target holds for it, if any."""
+        from agent_side.files import Acting
+
+        role = role or self.role
+        held = self._held
+        return Acting(role, held.ref if held is not None and held.lease.role == role else None)
+
+    def read_file(self, path: str, *, role: str | None = None) -> bytes:
+        """The whole file at ``path`` on the target.
+
+        ``FileRefused`` when the fence's rules refuse it, ``FileFailed`` when the
+        target says no to the role's uid (404 missing, 403 permission, 409 a directory).
+        """
+        from agent_side import files  # tarfile: loaded by those who copy
+
+        return files.read_file(self._client, self.acting(role), path)
+
+    def write_file(
+        self,
+        path: str,
+        data: bytes | IO[bytes],
+        *,
+        mode: int | None = None,
+        role: str | None = None,
+    ) -> FileWritten:
+        """Make ``data`` (bytes, or a binary file read to its end) the file at ``path``, all or
+        nothing. ``mode``: permission bits; without, a replaced file keeps its own, else 0644."""
+        from agent_side import files  # tarfile: loaded by those who copy
+
+        return files.write_file(self._client, self.acting(role), path, data, mode)
+
+    def list_dir(self, path: str, *, limit: int = 10_000, role: str | None = None) -> FileListing:
+        """``path``'s own entry (``.entry``) and, for a directory, its entries (``.entries``,
+        sorted, at most ``limit``; ``.truncated`` if there were more)."""
+        from agent_side import files  # tarfile: loaded by those who copy
+
+        return files.list_dir(self._client, self.acting(role), path, limit)
+
+    def get_dir(self, path: str, local_dir: str, *, role: str | None = None) -> int:
+        """Fetch the directory ``path`` into the local ``local_dir`` (made if missing, merged
+        into if not); returns how many entries came."""
+        from agent_side import files  # tarfile: loaded by those who copy
+
+        return files.get_dir(self._client, self.acting(role), path, local_dir)
+
+    def put_dir(self, local_dir: str, path: str, *, role: str | None = None) -> ArchiveWritten:
+        """Send the local directory ``local_dir`` into ``path`` on the target (made if missing,
+        merged into if not): every entry, or (refused) none."""
+        from agent_side import files  # tarfile: loaded by those who copy
+
+        return files.put_dir(self._client, self.acting(role), local_dir, path)
+
     def close(self) -> None:
-        """Close the HTTP pool, then the SSH connection under it."""
+        """Release a lease still held, close the HTTP pool, then the SSH connection under it."""
         try:
+            if self._held is not None:
+                self._held.close()
             self._client.close()
         finally:
             if self._ssh is not None:
@@ -345,6 +498,18 @@ class AsyncTarget:
     async def health(self) -> Health:
         return await self._call(self.target.health)
 
+    async def lease(
+        self,
+        seat: str | None = None,
+        ttl_s: float = 60.0,
+        *,
+        supersede: bool = False,
+        role: str | None = None,
+    ) -> HeldLease:
+        """Like ``Target.lease``, awaited: ``async with await target.lease(seat) as held:``."""
+        take = functools.partial(self.target.lease, seat, ttl_s, supersede=supersede, role=role)
+        return await self._call(take)
+
     async def run(
         self,
         argv: Sequence[str],
@@ -390,6 +555,71 @@ class AsyncTarget:
         except asyncio.CancelledError:
             await asyncio.shield(self._call(_kill_once_submitted, target, submission))
             raise
+
+    async def read_file(self, path: str, *, role: str | None = None) -> bytes:
+        """Like ``Target.read_file``, awaited."""
+        return await self._call(functools.partial(self.target.read_file, path, role=role))
+
+    async def write_file(
+        self,
+        path: str,
+        data: bytes | IO[bytes],
+        *,
+        mode: int | None = None,
+        role: str | None = None,
+    ) -> FileWritten:
+        """Like ``Target.write_file``, awaited."""
+        write = functools.partial(self.target.write_file, path, data, mode=mode, role=role)
+        return await self._call(write)
+
+    async def list_dir(
+        self, path: str, *, limit: int = 10_000, role: str | None = None
+    ) -> FileListing:
+        """Like ``Target.list_dir``, awaited."""
+        listing = functools.partial(self.target.list_dir, path, limit=limit, role=role)
+        return await self._call(listing)
+
+    async def get_dir(self, path: str, local_dir: str, *, role: str | None = None) -> int:
+        """Like ``Target.get_dir``, awaited."""
+        return await self._call(functools.partial(self.target.get_dir, path, local_dir, role=role))
+
+    async def put_dir(
+        self, local_dir: str, path: str, *, role: str | None = None
+    ) -> ArchiveWritten:
+        """Like ``Target.put_dir``, awaited."""
+        return await self._call(functools.partial(self.target.put_dir, local_dir, path, role=role))
+
+    def session(
+        self,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        read: Sequence[str] = (),
+        write: Sequence[str] = (),
+        network: bool = False,
+        timeout: float | None = None,
+        idle_s: float | None = None,
+        lifetime_s: float | None = None,
+        role: str | None = None,
+    ) -> AsyncTargetSession:
+        """Like ``Target.session``; the session starts on ``async with`` (or ``await open()``)."""
+        from agent_side.sessions import AsyncTargetSession
+
+        options = {
+            "cwd": cwd,
+            "env": env,
+            "read": read,
+            "write": write,
+            "network": network,
+            "timeout": timeout,
+            "idle_s": idle_s,
+            "lifetime_s": lifetime_s,
+        }
+        return AsyncTargetSession(self, options, role)
+
+    async def call(self, function: Callable[..., _T], *args: object) -> _T:
+        """``function(*args)`` on one of this target's worker threads."""
+        return await self._call(function, *args)
 
     async def aclose(self) -> None:
         target, self._target = self._target, None

@@ -6,10 +6,15 @@
                 [--local | --ssh USER@HOST[:PORT] [-i KEY] [--known-hosts F] | -t NAME]
                 -- CMD...
     paddock plan    (as run; runs nothing)
+    paddock run ... --session ID -- CMD...          paddock run -it ... -- CMD...
+    paddock shell [options as run] [-- CMD...]      a terminal on the target, as ssh gives one
+    paddock session start [options as run]          paddock session end ID
+    paddock sessions [--limit N]
     paddock logs TURN [--follow [--from-start]]     paddock attach TURN [--from-start]
     paddock turns [--limit N]        paddock kill TURN               paddock health
     paddock status [NAME ...]        paddock deploy USER@HOST[:PORT] ... | --inventory F
-    paddock mux status|stop
+    paddock cp [-r] [--mode MODE] SRC DST      (a remote path: :PATH, or NAME:PATH)
+    paddock mux status|stop          paddock lease take|renew|release|show
 
 The jobs live in their own modules: ``connection`` (where the target, token,
 CA and role come from, and opening the target), ``request_options`` (the turn
@@ -43,6 +48,7 @@ from typing import Any, NoReturn
 from agent_side.defaults import DEFAULT_SSH_TARGET, REMOTE_CA
 from agent_side.deploy_command import add_deploy_parser
 from agent_side.errors import AgentError, UsageError
+from agent_side.lease_command import add_lease_parser
 from agent_side.mux.command import add_mux_parser, add_run_options, run_handler
 from agent_side.stdio import BROKEN_PIPE, INTERRUPTED, StopWaiting, silence_stdout
 from agent_side.views import say
@@ -84,8 +90,9 @@ def _run(argv: list[str]) -> int:
     try:
         _refuse_terminal_options(argv)
         # "": no subcommand given (--version, --help), so no subcommand's options are needed.
-        args = build_parser(_subcommand(argv) or "").parse_args(argv)
-        _refuse_glued_terminal_options(argv, args)
+        parser = build_parser(_subcommand(argv) or "")
+        args = parser.parse_args(argv)
+        args = _terminal_options(parser, argv, args)
     except UsageError as exc:
         return report_failure(exc, as_json=as_json)
     except SystemExit as exc:  # --help and --version end parsing on purpose
@@ -163,6 +170,16 @@ def build_parser(command: str | None = None) -> CommandParser:
     _add_request_options(run)
     run.add_argument("--json", action="store_true", help="print events and the turn as JSON lines")
     run.add_argument(
+        "--session",
+        metavar="ID",
+        help="run in this session's shell (paddock session start), in its fence",
+    )
+    run.add_argument(
+        "--tty",
+        action="store_true",
+        help="run on a terminal on the target, driven from this one (also -it)",
+    )
+    run.add_argument(
         "--no-stdin",
         action="store_true",
         help="do not forward this command's stdin (forwarded when it is a pipe or a file)",
@@ -170,6 +187,50 @@ def build_parser(command: str | None = None) -> CommandParser:
     add_run_options(run)
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD...")
     run.set_defaults(handler=run_handler)
+
+    shell = subcommands.add_parser(
+        "shell", help="open an interactive shell on the target, in a fence, on a terminal"
+    )
+    _add_target_options(shell)
+    _add_request_options(shell)
+    shell.add_argument(
+        "--session", metavar="ID", help="open it in this session's shell, in its fence"
+    )
+    shell.add_argument(
+        "command", nargs=argparse.REMAINDER, metavar="-- CMD...", help="default: bash -l"
+    )
+    shell.set_defaults(handler=_command("shell_command"))
+
+    session = subcommands.add_parser(
+        "session", help="start or end a session: one fence and one shell for many turns"
+    )
+    actions = session.add_subparsers(dest="session_action", required=True, metavar="ACTION")
+    start = actions.add_parser("start", help="start a session and print its id")
+    _add_target_options(start)
+    _add_request_options(start)
+    start.add_argument(
+        "--idle", type=_positive_seconds, metavar="S", help="end it after S seconds without a turn"
+    )
+    start.add_argument(
+        "--lifetime", type=_positive_seconds, metavar="S", help="end it S seconds after it starts"
+    )
+    start.add_argument("--json", action="store_true", help="print the session as JSON")
+    start.set_defaults(handler=_command("session_start_command"))
+    end = actions.add_parser("end", help="end a session: everything in it is killed")
+    _add_target_options(end)
+    _add_token_option(end)
+    end.add_argument("session_id", metavar="ID")
+    end.add_argument("--json", action="store_true", help="print the ended session as JSON")
+    end.set_defaults(handler=_command("session_end_command"))
+
+    sessions = subcommands.add_parser("sessions", help="list this token's roles' sessions")
+    _add_target_options(sessions)
+    _add_token_option(sessions)
+    sessions.add_argument(
+        "--limit", type=int, default=20, metavar="N", help="how many (default 20)"
+    )
+    sessions.add_argument("--json", action="store_true", help="print the sessions as JSON lines")
+    sessions.set_defaults(handler=_command("sessions_command"))
 
     plan = subcommands.add_parser("plan", help="show the fence a command would get; run nothing")
     _add_target_options(plan)
@@ -246,8 +307,34 @@ def build_parser(command: str | None = None) -> CommandParser:
     status.add_argument("--json", action="store_true", help="one JSON object")
     status.set_defaults(handler=_command("status_command"))
 
+    cp = subcommands.add_parser(
+        "cp",
+        help="copy a file (or with -r a directory) to or from a target; remote paths are "
+        ":PATH or NAME:PATH",
+    )
+    _add_target_options(cp)
+    _add_token_option(cp)
+    cp.add_argument("--role", help="role to act as (PADDOCK_ROLE; default: the token's only role)")
+    cp.add_argument(
+        "-r", "--recursive", action="store_true", help="copy directories (as a tar stream)"
+    )
+    cp.add_argument(
+        "--mode",
+        metavar="MODE",
+        help="octal permission bits for a file written on the target (default: the local file's)",
+    )
+    cp.add_argument(
+        "--lease",
+        metavar="ID",
+        help="act under the lease ID that 'paddock lease take' took (its seat and generation)",
+    )
+    cp.add_argument("source", metavar="SRC", help="a local path, - (stdin), :PATH or NAME:PATH")
+    cp.add_argument("dest", metavar="DST", help="a local path, - (stdout), :PATH or NAME:PATH")
+    cp.set_defaults(handler=_command("cp_command"))
+
     add_deploy_parser(subcommands, options=command in (None, "deploy"))
     add_mux_parser(subcommands, _add_target_options)
+    add_lease_parser(subcommands, _add_target_options, _add_token_option, _positive_seconds)
     return parser
 
 
@@ -365,6 +452,11 @@ def _add_request_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--read", action="append", default=[], metavar="P", help="read-only path")
     parser.add_argument("--net", action="store_true", help="share the host's network")
     parser.add_argument("--timeout", type=_positive_seconds, metavar="S", help="wall-time limit")
+    parser.add_argument(
+        "--lease",
+        metavar="ID",
+        help="act under the lease ID that 'paddock lease take' took (its seat and generation)",
+    )
 
 
 def _positive_seconds(text: str) -> float:
@@ -377,12 +469,14 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
-# -- docker's habits that mean something else here -------------------------------------
+# -- docker's habits ---------------------------------------------------------------------
 
-_NO_TERMINAL = (
-    "terminals are not supported yet: paddock forwards stdin when it is a pipe or a file "
-    "(echo input | paddock run -- CMD), and -i names an SSH key (-i KEY)"
+_TERMINAL_HINT = (
+    "-i names an SSH key (-i KEY); for a terminal on the target give -it (or --tty) to "
+    "paddock run, or use paddock shell"
 )
+_GLUED = ("-it", "-ti")
+"""``docker run -it``: a terminal. argparse would read them as ``-i t`` and ``-t i``."""
 
 
 def _options_part(argv: Sequence[str]) -> list[str]:
@@ -395,16 +489,27 @@ def _refuse_terminal_options(argv: Sequence[str]) -> None:
     options = _options_part(argv)
     for position, word in enumerate(options):
         if word == "-i" and position + 1 == len(options):
-            raise UsageError(f"-i: {_NO_TERMINAL}")
+            raise UsageError(f"-i: {_TERMINAL_HINT}")
 
 
-def _refuse_glued_terminal_options(argv: Sequence[str], args: argparse.Namespace) -> None:
-    """``-it`` parses as ``-i t`` (a key file named t) and ``-ti`` as ``-t i``: neither is meant."""
+def _terminal_options(
+    parser: argparse.ArgumentParser, argv: Sequence[str], args: argparse.Namespace
+) -> argparse.Namespace:
+    """``-it`` (or ``-ti``) among paddock's own options asks ``run`` for a terminal (``--tty``).
+
+    Only where it stands before the command: after it, it is the command's own.
+    """
     command = getattr(args, "command", None) or []
-    options = argv[: len(argv) - len(command)]
-    glued = [word for word in options if word in ("-it", "-ti")]
-    if glued:
-        raise UsageError(f"{glued[0]}: {_NO_TERMINAL}")
+    options = list(argv[: len(argv) - len(command)])
+    glued = [word for word in options if word in _GLUED]
+    if not glued:
+        return args
+    if args.subcommand not in ("run", "shell"):
+        raise UsageError(f"{glued[0]}: only paddock run (and shell) runs on a terminal")
+    words = [("--tty" if word in _GLUED else word) for word in options]
+    if args.subcommand == "shell":
+        words = [word for word in words if word != "--tty"]  # it always has one
+    return parser.parse_args([*words, *argv[len(options) :]])
 
 
 def _subcommand(argv: Sequence[str]) -> str | None:

@@ -14,11 +14,11 @@ from __future__ import annotations
 import math
 import ssl
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TypeVar
+from typing import IO, TypeVar
 
 import httpcore
 import httpx
@@ -29,13 +29,19 @@ from agent_side.errors import (
     AgentError,
     AuthRejected,
     ConnectionDropped,
+    FileFailed,
+    FileRefused,
+    LeaseLost,
     ProtocolError,
     RequestRejected,
+    SeatTaken,
     ServiceUnavailable,
+    SessionUnavailable,
     TargetBusy,
     TargetUnreachable,
     TlsFailure,
     TurnLost,
+    UnknownSession,
     UnknownTurn,
     UsageError,
     WrongScheme,
@@ -52,10 +58,17 @@ from shared.wire import (
     TERMINAL_KINDS,
     Event,
     Health,
+    Lease,
+    LeaseRequest,
     OutputEvent,
     PlanResult,
     Problem,
+    Refusal,
+    RenewRequest,
+    Resize,
     RoleList,
+    Session,
+    SessionRequest,
     SignalRequest,
     Turn,
     TurnRequest,
@@ -73,6 +86,15 @@ class _TurnList(RootModel[list[Turn]]):
 
 EVENTS_ACCEPT = f"{FRAMES_MEDIA_TYPE}, text/event-stream;q=0.5"
 """Frames from a target that has them; the event stream from one that does not."""
+
+
+class _LeaseList(RootModel[list[Lease]]):
+    """The body of ``GET /v1/leases``."""
+
+
+class _SessionList(RootModel[list[Session]]):
+    """The body of ``GET /v1/sessions``."""
+
 
 _MAX_SHOWN_BODY = 200
 _MAX_RETRY_AFTER_S = 60.0
@@ -186,8 +208,14 @@ class TargetClient:
         """The target's health; needs no token."""
         return self._model(Health, self._request("GET", "/v1/health", auth=False), 200)
 
-    def submit(self, request: TurnRequest, idempotency_key: str | None = None) -> Turn:
-        """Start a turn. With ``idempotency_key``, a dropped exchange is retried safely."""
+    def submit(
+        self, request: TurnRequest, idempotency_key: str | None = None, *, wait_busy: bool = True
+    ) -> Turn:
+        """Start a turn. With ``idempotency_key``, a dropped exchange is retried safely.
+
+        A target at its cap (429) is asked again after its Retry-After, unless
+        ``wait_busy`` is False: then ``TargetBusy`` says so at once (a pool tries another).
+        """
         headers = {} if idempotency_key is None else {"Idempotency-Key": idempotency_key}
         body = request.model_dump_json(exclude_none=True).encode()
 
@@ -199,7 +227,7 @@ class TargetClient:
         dropped: tuple[type[AgentError], ...] = (
             () if idempotency_key is None else (ConnectionDropped,)
         )
-        return self._retrying(attempt, retry_on=dropped, while_busy=True)
+        return self._retrying(attempt, retry_on=dropped, while_busy=wait_busy)
 
     def turn(self, turn_id: str) -> Turn:
         """The turn as the target knows it now."""
@@ -229,6 +257,45 @@ class TargetClient:
         )
         return self._model(Turn, response, 202)
 
+    def resize(self, turn_id: str, rows: int, cols: int) -> Turn:
+        """Set a terminal turn's window size (its foreground job is told)."""
+        try:
+            body = Resize(rows=rows, cols=cols).model_dump_json().encode()
+        except ValidationError as exc:
+            raise UsageError(f"a terminal of {rows}x{cols} is out of range: {exc}") from exc
+        path = f"/v1/turns/{_segment(turn_id)}/resize"
+        response = self._request("POST", path, content=body, turn_id=turn_id)
+        return self._model(Turn, response, 202)
+
+    def start_session(self, request: SessionRequest, idempotency_key: str | None = None) -> Session:
+        """Start a session (answered once its shell is ready, or it was refused)."""
+        headers = {} if idempotency_key is None else {"Idempotency-Key": idempotency_key}
+        body = request.model_dump_json(exclude_none=True).encode()
+
+        def attempt() -> Session:
+            response = self._request("POST", "/v1/sessions", content=body, headers=headers)
+            return self._model(Session, response, 201, 200)
+
+        dropped: tuple[type[AgentError], ...] = (
+            () if idempotency_key is None else (ConnectionDropped,)
+        )
+        return self._retrying(attempt, retry_on=dropped, while_busy=True)
+
+    def session(self, session_id: str) -> Session:
+        """The session as the target knows it now."""
+        path = f"/v1/sessions/{_segment(session_id, 'session id')}"
+        return self._model(Session, self._request("GET", path, session_id=session_id), 200)
+
+    def sessions(self, limit: int = 50) -> list[Session]:
+        """The newest ``limit`` sessions of this token's roles, newest first."""
+        response = self._request("GET", "/v1/sessions", params={"limit": str(limit)})
+        return self._model(_SessionList, response, 200).root
+
+    def end_session(self, session_id: str) -> Session:
+        """End the session: everything in it is killed (an ended one is answered as it is)."""
+        path = f"/v1/sessions/{_segment(session_id, 'session id')}"
+        return self._model(Session, self._request("DELETE", path, session_id=session_id), 200)
+
     def roles(self, token: str | None = None) -> list[str]:
         """The roles this token (or ``token``) holds, sorted (``GET /v1/roles``).
 
@@ -252,6 +319,60 @@ class TargetClient:
         """The fence ``request`` would get, or its refusal; nothing is launched."""
         body = request.model_dump_json(exclude_none=True).encode()
         return self._model(PlanResult, self._request("POST", "/v1/plan", content=body), 200)
+
+    def take_lease(
+        self, role: str, seat: str | None = None, ttl_s: float = 60.0, *, supersede: bool = False
+    ) -> Lease:
+        """A lease on ``seat`` (default: the role's first workspace); ``SeatTaken`` while held.
+
+        ``supersede`` takes a held seat over: its holder's generation is no longer current.
+        """
+        try:
+            body = LeaseRequest(role=role, seat=seat, ttl_s=ttl_s, supersede=supersede)
+        except ValidationError as exc:
+            raise UsageError(f"the lease request is not valid: {_first_error(exc)}") from exc
+        content = body.model_dump_json(exclude_none=True).encode()
+        response = self._request("POST", "/v1/leases", content=content, accept=(409,))
+        if response.status_code == 409:
+            said = _problem_text(_problem(response), response)
+            raise SeatTaken(f"{said} (paddock lease take --supersede takes it over)")
+        return self._model(Lease, response, 201)
+
+    def renew_lease(self, lease_id: str, ttl_s: float | None = None) -> Lease:
+        """Extend a held lease (``ttl_s`` from now, else its own); ``LeaseLost`` if it is not."""
+        try:
+            content = RenewRequest(ttl_s=ttl_s).model_dump_json(exclude_none=True).encode()
+        except ValidationError as exc:
+            raise UsageError(f"the renewal is not valid: {_first_error(exc)}") from exc
+        path = f"/v1/leases/{_segment(lease_id, 'lease id')}/renew"
+        return self._lease_answer(
+            lease_id, self._request("POST", path, content=content, accept=(404, 409))
+        )
+
+    def release_lease(self, lease_id: str) -> Lease:
+        """Give the seat up and forget the lease; its last state (``released`` if it held)."""
+        path = f"/v1/leases/{_segment(lease_id, 'lease id')}"
+        return self._lease_answer(lease_id, self._request("DELETE", path, accept=(404,)))
+
+    def lease(self, lease_id: str) -> Lease:
+        """The lease as the target knows it now; ``LeaseLost`` once released (or never known)."""
+        path = f"/v1/leases/{_segment(lease_id, 'lease id')}"
+        return self._lease_answer(lease_id, self._request("GET", path, accept=(404,)))
+
+    def leases(self) -> list[Lease]:
+        """The current lease of every seat of this token's roles."""
+        return self._model(_LeaseList, self._request("GET", "/v1/leases"), 200).root
+
+    def _lease_answer(self, lease_id: str, response: httpx.Response) -> Lease:
+        if response.status_code == 404:
+            raise LeaseLost(
+                f"the target knows no lease {lease_id} of this token's roles: released, "
+                "or never granted there"
+            )
+        if response.status_code == 409:
+            said = _problem_text(_problem(response), response)
+            raise LeaseLost(f"lease {lease_id} no longer holds its seat (409: {said})")
+        return self._model(Lease, response, 200)
 
     def events(self, turn_id: str, after: int = 0, wait: float | None = None) -> Iterator[Event]:
         """The turn's events with seq > ``after``, as they arrive, until the stream ends.
@@ -326,6 +447,38 @@ class TargetClient:
                     f"following turn {turn_id} after event {cursor}",
                 )
 
+    def send(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, str] | None = None,
+        content: bytes | Iterable[bytes] | IO[bytes] | None = None,
+        content_type: str = "application/octet-stream",
+    ) -> httpx.Response:
+        """One request to ``path`` with the token, its whole answer read; an ``AgentError``
+        unless it succeeded (a refused file operation is a ``FileRefused``). Never retried."""
+        return self._request(
+            method, path, params=params, content=content, content_type=content_type
+        )
+
+    @contextmanager
+    def stream(
+        self, method: str, path: str, *, params: dict[str, str] | None = None
+    ) -> Iterator[httpx.Response]:
+        """A response whose body is read as it comes (``iter_bytes``); an ``AgentError``
+        unless it succeeded. A break mid-body is a ``ConnectionDropped``."""
+        self._require_open()
+        with (
+            self._mapped(path),
+            self._http.stream(method, path, params=params, headers=self._auth) as response,
+        ):
+            self._answered = True
+            if not response.is_success:
+                response.read()
+                raise _status_error(response, turn_id=None)
+            yield response
+
     def _pause(self, delays: Iterator[float], exc: AgentError, doing: str) -> None:
         delay = next(delays, None)
         if delay is None:
@@ -362,11 +515,12 @@ class TargetClient:
         path: str,
         *,
         auth: bool = True,
-        content: bytes | None = None,
+        content: bytes | Iterable[bytes] | IO[bytes] | None = None,
         headers: dict[str, str] | None = None,
         params: dict[str, str] | None = None,
         content_type: str = "application/json",
         turn_id: str | None = None,
+        session_id: str | None = None,
         accept: tuple[int, ...] = (),
     ) -> httpx.Response:
         """The response to one request; an ``AgentError`` unless it succeeded or is ``accept``ed."""
@@ -380,7 +534,7 @@ class TargetClient:
             )
         self._answered = True
         if not response.is_success and response.status_code not in accept:
-            raise _status_error(response, turn_id=turn_id)
+            raise _status_error(response, turn_id=turn_id, session_id=session_id)
         return response
 
     @staticmethod
@@ -478,11 +632,11 @@ def pinned_tls_context(ca_pem: str, source: str) -> ssl.SSLContext:
         raise UsageError(f"{source} holds no usable CA certificate: {exc}") from exc
 
 
-def _segment(turn_id: str) -> str:
-    # Turn ids are t-<hex>; anything else must not be able to steer the request path.
-    if not turn_id or any(c in turn_id for c in "/?#%") or turn_id in (".", ".."):
-        raise UsageError(f"{turn_id!r} is not a turn id")
-    return turn_id
+def _segment(ident: str, what: str = "turn id") -> str:
+    # Ids are t-<hex> and s-<hex>; anything else must not be able to steer the request path.
+    if not ident or any(c in ident for c in "/?#%") or ident in (".", ".."):
+        raise UsageError(f"{ident!r} is not a {what}")
+    return ident
 
 
 def _media_type(response: httpx.Response) -> str:
@@ -544,10 +698,24 @@ def _event_of(frame: ServerSentEvent) -> Event:
     return event
 
 
-def _status_error(response: httpx.Response, *, turn_id: str | None) -> AgentError:
+def _status_error(
+    response: httpx.Response, *, turn_id: str | None, session_id: str | None = None
+) -> AgentError:
     status = response.status_code
     problem = _problem(response)
     said = _problem_text(problem, response)
+    file_error = _file_error(problem, status, said)
+    if file_error is not None:
+        return file_error
+    if problem is not None and problem.title == "Unknown session":
+        session_id = session_id or "named"
+        return UnknownSession(
+            f"the target knows no session {session_id} of this role (404: {said}); "
+            "'paddock sessions' lists them"
+        )
+    if status == 409 and problem is not None and problem.title.startswith("Session"):
+        running = getattr(problem, "turn_id", None)
+        return SessionUnavailable(f"{said}", running if isinstance(running, str) else None)
     if status == 401:
         return AuthRejected(
             f"the target rejected the token (401: {said}); "
@@ -569,6 +737,22 @@ def _status_error(response: httpx.Response, *, turn_id: str | None) -> AgentErro
     return ProtocolError(
         f"{response.request.method} {response.request.url.path} failed with {status}: {said}"
     )
+
+
+def _file_error(problem: Problem | None, status: int, said: str) -> AgentError | None:
+    """A file operation's problem: a refusal by the fence, or what the host told the role."""
+    extra = (problem.model_extra or {}) if problem is not None else {}
+    if extra.get("refusal") is not None:
+        try:
+            refusal = Refusal.model_validate(extra["refusal"])
+        except ValidationError:
+            return ProtocolError(f"the target answered {status} with a malformed refusal")
+        if status == 404:
+            return FileFailed(refusal.detail, status)
+        return FileRefused(refusal.detail, refusal, status)
+    if isinstance(extra.get("errno"), str):
+        return FileFailed(said, status, extra["errno"])
+    return None
 
 
 def _retry_after(response: httpx.Response) -> float:

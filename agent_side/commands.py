@@ -10,7 +10,9 @@ import argparse
 import contextlib
 import os
 import sys
+import uuid
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from agent_side.api import Target
 from agent_side.connection import (
@@ -21,7 +23,7 @@ from agent_side.connection import (
 )
 from agent_side.cursors import CursorStore
 from agent_side.errors import UsageError
-from agent_side.request_options import request_options
+from agent_side.request_options import fence_options, request_options
 from agent_side.streaming import (
     BROKEN_PIPE,
     SignalForwarder,
@@ -31,18 +33,108 @@ from agent_side.streaming import (
     write,
 )
 from agent_side.turns import exit_status
-from agent_side.views import print_plan, print_turns, refusal_sentence, say, visible
+from agent_side.views import (
+    print_plan,
+    print_sessions,
+    print_turns,
+    refusal_sentence,
+    say,
+    visible,
+)
 from shared.wire import TERMINAL_KINDS
+
+if TYPE_CHECKING:
+    from agent_side.request_options import RequestOptions
 
 
 def run_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     """``paddock run``: submit, stream, forward Ctrl-C, and return the turn's status."""
     options = request_options(args, environ, os.getcwd() if args.local else None)
+    if args.tty:
+        if args.json:
+            raise UsageError("--json and --tty (-it): a terminal's output is not JSON; drop one")
+        return _on_terminal(args, environ, options)
     with opened_target(args, environ) as target:
         request = with_stdin(options.request(target.role), forward=not args.no_stdin)
         # An embedded target ends with this run: nothing could attach to its turns later.
         cursors = None if args.local else cursor_store(args, environ, target)
         return run_turn(target.client, request, as_json=args.json, cursors=cursors)
+
+
+def shell_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """``paddock shell``: an interactive shell (or CMD) on a terminal, in a fence; its status."""
+    if not [word for word in args.command if word != "--"]:
+        args.command = ["--", *DEFAULT_SHELL]
+    options = request_options(args, environ, os.getcwd() if args.local else None)
+    return _on_terminal(args, environ, options)
+
+
+DEFAULT_SHELL = ("bash", "-l")
+"""What ``paddock shell`` runs when given no command: a login shell, as ``ssh host`` does."""
+
+
+def _on_terminal(
+    args: argparse.Namespace, environ: Mapping[str, str], options: RequestOptions
+) -> int:
+    from agent_side.terminal import run_on_terminal
+
+    with opened_target(args, environ) as target:
+        return run_on_terminal(target.client, options.request(target.role))
+
+
+def session_start_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """``paddock session start``: start a session, print its id (126/127 if it was refused)."""
+    from agent_side.sessions import session_request
+
+    refuse_local_for(args, "session start")
+    options = fence_options(args, environ, None)
+    connection = resolve_connection(args, environ)
+    with open_target(args, environ, connection) as target:
+        request = session_request(
+            role=target.role,
+            cwd=options.cwd,
+            env=options.env,
+            read=options.read,
+            write=options.write,
+            network=options.network,
+            timeout=options.wall_s,
+            idle_s=args.idle,
+            lifetime_s=args.lifetime,
+            lease=options.lease,
+        )
+        session = target.client.start_session(request, idempotency_key=str(uuid.uuid4()))
+    if args.json:
+        write(sys.stdout, (session.model_dump_json() + "\n").encode())
+    if session.refusal is not None:
+        say(refusal_sentence(session.refusal))
+        return session.refusal.exit_code
+    if not args.json:
+        write(sys.stdout, (session.session_id + "\n").encode())
+    return 0
+
+
+def session_end_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """``paddock session end ID``: end it; everything in it is killed."""
+    refuse_local_for(args, "session end")
+    connection = resolve_connection(args, environ)
+    with open_target(args, environ, connection) as target:
+        session = target.client.end_session(args.session_id)
+    if args.json:
+        write(sys.stdout, (session.model_dump_json() + "\n").encode())
+    else:
+        say(f"session {session.session_id} {session.state}: {session.ended or session.state}")
+    return 0
+
+
+def sessions_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """``paddock sessions``: this token's roles' sessions, as a table."""
+    refuse_local_for(args, "sessions")
+    if args.limit < 1:
+        raise UsageError("--limit must be at least 1")
+    connection = resolve_connection(args, environ)
+    with open_target(args, environ, connection) as target:
+        sessions = target.client.sessions(args.limit)
+    return print_sessions(sessions, as_json=args.json)
 
 
 def plan_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
@@ -171,3 +263,10 @@ def status_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         for line in status.table_lines(statuses):
             write(sys.stdout, (visible(line) + "\n").encode())
     return 0 if all(s.armed for s in statuses) else 1
+
+
+def cp_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """``paddock cp SRC DST``: a file or directory to or from a target (``copy_command``)."""
+    from agent_side.copy_command import copy
+
+    return copy(args, environ)

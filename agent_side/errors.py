@@ -17,9 +17,19 @@
      ├── ServiceUnavailable   the target takes no new turn now: disk full, stopping (503)
      ├── ProtocolError        the target answered with something the contract does not allow
      ├── UnknownTurn          the target knows no turn by that id (mistyped, or long removed)
-     └── TurnLost             the target marked the turn lost (it crashed or restarted)
+     ├── TurnLost             the target marked the turn lost (it crashed or restarted)
+     ├── SeatTaken            another lease holds the seat (409); ``supersede`` takes it over
+     ├── LeaseLost            the lease no longer holds its seat: superseded, lapsed, released
+     ├── UnknownSession       the target knows no session by that id among the role's
+     ├── SessionUnavailable   the session runs another turn, or has ended (409)
+     ├── SessionRefused       the fence refused the session; ``refusal`` says why
+     ├── FileRefused          the target's fence refused a file operation; carries the refusal
+     └── FileFailed           the target said no to the role's uid: no such file, permission,
+                              a directory where a file was named, a full disk
 
-Every one of these makes the CLI exit 125: paddock itself failed, not the command.
+Every one of these makes the CLI exit 125: paddock itself failed, not the command; but a
+refused session exits as a refused turn does (126, or 127), and for ``paddock cp`` a
+``FileRefused`` exits 126 (as a refused turn does) and a ``FileFailed`` 1 (as ``cp`` does).
 An ``SshUnreachable`` is a ``TargetUnreachable``, so a stream that resumes after a
 dropped connection retries it; the host-key and auth failures are never retried.
 """
@@ -36,6 +46,8 @@ if TYPE_CHECKING:
     import ssl
 
     import httpx
+
+    from shared.wire import Refusal
 
 
 class AgentError(PaddockError):
@@ -152,6 +164,76 @@ class TurnLost(AgentError):
     """The target marked the turn lost: it crashed or restarted while the turn ran."""
 
     label = "turn lost"
+
+
+class SeatTaken(AgentError):
+    """Another lease holds the seat (409); a request that supersedes it takes it over."""
+
+    label = "seat taken"
+
+
+class LeaseLost(AgentError):
+    """The lease no longer holds its seat (superseded, lapsed), or is gone (released, unknown)."""
+
+    label = "lease lost"
+
+
+class UnknownSession(AgentError):
+    """The target knows no session by that id among the role's (mistyped, or long removed)."""
+
+    label = "unknown session"
+
+
+class SessionUnavailable(AgentError):
+    """The session runs another turn (one at a time), or has ended; nothing was started."""
+
+    label = "session unavailable"
+
+    def __init__(self, message: str, turn_id: str | None = None) -> None:
+        super().__init__(message)
+        self.turn_id = turn_id
+        """The turn it is running, when that is why."""
+
+
+class SessionRefused(AgentError):
+    """The fence refused the session, as it would a turn; ``refusal`` says why and what to do."""
+
+    label = "session refused"
+
+    def __init__(self, message: str, refusal: Refusal) -> None:
+        super().__init__(message)
+        self.refusal = refusal
+
+
+class FileRefused(AgentError):
+    """A rule of the target's fence refused a file operation; nothing was written.
+
+    ``refusal`` is the same object a refused turn carries (rule, subject, path,
+    resolved, detail).
+    """
+
+    label = "refused"
+
+    def __init__(self, message: str, refusal: Refusal, status: int) -> None:
+        super().__init__(message)
+        self.refusal = refusal
+        self.status = status
+
+
+class FileFailed(AgentError):
+    """The target carried out no file operation: the path is missing, the role's uid may not,
+    a directory stands where a file was named, or the reverse. Nothing was written.
+
+    ``status`` is the HTTP status (404, 403, 409, 507, ...); ``errno`` the system's word,
+    when it gave one.
+    """
+
+    label = "file"
+
+    def __init__(self, message: str, status: int, errno: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.errno = errno
 
 
 _TLS_HINT = "check --cacert / PADDOCK_CACERT names the CA that signed the target's certificate"

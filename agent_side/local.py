@@ -1,8 +1,14 @@
 """The embedded target behind ``paddock run --local``: real TLS, real token, on loopback.
 
-Everything it makes lives in one private temporary directory (mode 0700),
-removed when the context ends: the TLS key, the CA to trust, the state root.
-The token exists only in memory; the target holds just its sha256.
+Everything it makes lives in one private temporary directory (searchable,
+never listable), removed when the context ends: the TLS key, the CA to trust,
+the state root. The token exists only in memory; the target holds just its
+sha256.
+
+Run as root, its role's turns act as a uid of their own, as on any target.
+Run as anyone else, the embedded target is that person's own, and no uid
+but theirs is theirs to give: its turns run as them (``identity =
+"server"``), inside the same fence, and a note says so.
 
 This is the only agent-side module that imports ``target_side``.
 """
@@ -19,7 +25,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from target_side.config import RoleConfig, ServerConfig, Settings
+from agent_side.views import say
+from target_side.config import FenceConfig, RoleConfig, ServerConfig, Settings
 from target_side.service.server import ServerThread
 from target_side.tools.tls import make_tls_material, write_tls_files
 
@@ -51,6 +58,11 @@ def local_target(workspace: str | None = None) -> Iterator[LocalTarget]:
         os.chmod(root, 0o711)  # noqa: S103 - searchable by design, never listable
         token = secrets.token_urlsafe(32)
         settings = _settings(root, workspace, hashlib.sha256(token.encode()).hexdigest())
+        if settings.fence.identity == "server":
+            say(
+                "note: not run as root, so the embedded target's turns run as you "
+                "(still fenced); as root each role gets a uid of its own"
+            )
         with ServerThread(settings) as server:
             yield LocalTarget(
                 url=server.url, token=token, cacert=str(root / "ca.pem"), workspace=workspace
@@ -69,6 +81,7 @@ def _settings(root: Path, workspace: str, token_sha256: str) -> Settings:
             state_root=str(root / "state"),
         ),
         roles={LOCAL_ROLE: RoleConfig(token_sha256=token_sha256, workspaces=(workspace,))},
+        fence=FenceConfig(identity="per-role" if os.getuid() == 0 else "server"),
     )
 
 

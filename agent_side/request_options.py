@@ -33,12 +33,16 @@ class RequestOptions(NamedTuple):
     write: tuple[str, ...] = ()
     network: bool = False
     wall_s: float | None = None
+    lease: tuple[str, str, int] | None = None
+    """(lease id, seat, generation) the turn acts under (``paddock run --lease ID``)."""
+    session: str | None = None
+    """Run in this session's shell: its fence, so none of the fields above but argv and wall_s."""
 
     def __repr__(self) -> str:  # the names of the variables, never their values
         return (
             f"RequestOptions(argv={self.argv!r}, cwd={self.cwd!r}, env={sorted(self.env)!r}, "
             f"read={self.read!r}, write={self.write!r}, network={self.network!r}, "
-            f"wall_s={self.wall_s!r})"
+            f"wall_s={self.wall_s!r}, lease={self.lease!r}, session={self.session!r})"
         )
 
     def request(self, role: str) -> TurnRequest:
@@ -56,6 +60,8 @@ class RequestOptions(NamedTuple):
             write=self.write,
             network=self.network,
             wall_s=self.wall_s,
+            lease=self.lease,
+            session=self.session,
         )
 
 
@@ -73,6 +79,12 @@ def request_options(
         argv = argv[1:]
     if not argv:
         raise UsageError("give the command to run after '--', e.g. paddock run -- make test")
+    session = getattr(args, "session", None)
+    if session is not None:
+        _refuse_fence_options(args, local_cwd)
+        return RequestOptions(
+            argv=tuple(argv), wall_s=args.timeout, lease=_lease(args, environ), session=session
+        )
     cwd = _target_path(args.cwd, "--cwd", local_cwd) if args.cwd else local_cwd
     return RequestOptions(
         argv=tuple(argv),
@@ -82,7 +94,58 @@ def request_options(
         write=tuple(_target_path(p, "--write", local_cwd) for p in args.write),
         network=args.net,
         wall_s=args.timeout,
+        lease=_lease(args, environ),
     )
+
+
+def _lease(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[str, str, int] | None:
+    """The lease ``--lease ID`` names, as ``paddock lease take`` kept it in this user's files."""
+    lease_id = getattr(args, "lease", None)
+    if not lease_id:
+        return None
+    from agent_side.leases import stored_ref
+
+    return stored_ref(lease_id, environ)
+
+
+def fence_options(
+    args: argparse.Namespace, environ: Mapping[str, str], local_cwd: str | None
+) -> RequestOptions:
+    """What ``args`` asks of a fence with no command yet (``paddock session start``)."""
+    cwd = _target_path(args.cwd, "--cwd", local_cwd) if args.cwd else local_cwd
+    return RequestOptions(
+        argv=(),
+        cwd=cwd,
+        env=environment(args.env_file, args.env, environ),
+        read=tuple(_target_path(p, "--read", local_cwd) for p in args.read),
+        write=tuple(_target_path(p, "--write", local_cwd) for p in args.write),
+        network=args.net,
+        wall_s=args.timeout,
+        lease=_lease(args, environ),
+    )
+
+
+def _refuse_fence_options(args: argparse.Namespace, local_cwd: str | None) -> None:
+    """A turn in a session gets the session's fence: say which option would try to change it."""
+    if local_cwd is not None:
+        raise UsageError("--session with --local: a session lives on a target, not in one run")
+    given = [
+        flag
+        for flag, value in (
+            ("--cwd", args.cwd),
+            ("-e/--env", args.env),
+            ("--env-file", args.env_file),
+            ("--write", args.write),
+            ("--read", args.read),
+            ("--net", args.net),
+        )
+        if value
+    ]
+    if given:
+        raise UsageError(
+            f"{', '.join(given)}: a turn in a session runs in the session's fence; give these "
+            "to paddock session start (and use cd or export in the session)"
+        )
 
 
 def _target_path(path: str, flag: str, local_cwd: str | None) -> str:

@@ -21,7 +21,7 @@ BROKEN_PIPE = for_signal(signal.SIGPIPE)
 
 TERMINAL_STDIN_NOTE = (
     "note: stdin is a terminal, which is not forwarded (the turn's stdin is closed); "
-    "pipe input in, or give --no-stdin to skip this note"
+    "give -it for a terminal on the target, pipe input in, or --no-stdin to skip this note"
 )
 
 

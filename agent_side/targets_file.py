@@ -26,7 +26,8 @@
     targets = ["build-host", "build-2"]    # each must be a [targets.NAME] above
 
 Pools are written by hand for now and kept as they are when ``paddock deploy``
-rewrites the file; ``paddock run -t POOL`` will send a turn to one of them.
+rewrites the file; ``paddock run -t POOL`` sends a turn to one of them
+(``agent_side.pools``).
 
 Every file is written whole to a temporary name beside it and renamed over the
 old one, so a crash leaves the old file or the new one, never half of either.
@@ -147,8 +148,14 @@ def fingerprint(pem: str) -> str:
 def load(name: str, environ: Mapping[str, str]) -> StoredTarget:
     """The entry ``name``; a ``UsageError`` listing the stored names when there is none."""
     directory = config_dir(environ)
-    entries = _read_index(directory).targets
+    index = _read_index(directory)
+    entries = index.targets
     table = entries.get(name)
+    if table is None and name in index.pools:
+        raise UsageError(
+            f"{name!r} is a pool ([pools.{name}] in {directory / INDEX_NAME}): only "
+            "'paddock run -t POOL' sends a turn to a pool; name one of its targets here"
+        )
     if table is None:
         known = ", ".join(sorted(entries)) or "none yet"
         raise UsageError(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,7 +23,17 @@ from pydantic import ValidationError
 from agent_side.client import TargetClient
 from agent_side.errors import ProtocolError, TurnLost, UsageError
 from shared.exit_status import is_exit_status
-from shared.wire import TERMINAL_KINDS, Event, FsAccess, Limits, OutputEvent, Turn, TurnRequest
+from shared.wire import (
+    TERMINAL_KINDS,
+    Event,
+    FsAccess,
+    LeaseRef,
+    Limits,
+    OutputEvent,
+    Tty,
+    Turn,
+    TurnRequest,
+)
 
 
 @dataclass(frozen=True)
@@ -47,23 +58,51 @@ def new_request(
     write: Sequence[str] = (),
     network: bool = False,
     wall_s: float | None = None,
+    lease: tuple[str, str, int] | None = None,
+    session: str | None = None,
+    tty: Tty | None = None,
+    script: str | None = None,
 ) -> TurnRequest:
-    """A validated TurnRequest; whatever the contract rejects is a ``UsageError`` naming it."""
+    """A validated TurnRequest; whatever the contract rejects is a ``UsageError`` naming it.
+
+    ``lease``: (lease id, seat, generation) of the lease the turn acts under.
+    ``script`` (a bash script's body, its digest computed here) runs instead of ``argv``.
+    """
+    program: dict[str, object] = {"argv": list(argv)}
+    if script is not None:
+        program = {"script": script, "script_sha256": hashlib.sha256(script.encode()).hexdigest()}
+    fence: dict[str, object] = {}
+    if cwd is not None or env or read or write or network:
+        fence = {
+            "cwd": cwd,
+            "env": dict(env or {}),
+            "fs": FsAccess(read=list(read), write=list(write)),
+            "network": "host" if network else "none",
+        }
     try:
-        return TurnRequest(
-            role=role,
-            argv=list(argv),
-            cwd=cwd,
-            env=dict(env or {}),
-            fs=FsAccess(read=list(read), write=list(write)),
-            network="host" if network else "none",
-            limits=Limits(wall_s=wall_s),
+        return TurnRequest.model_validate(
+            {
+                "role": role,
+                **program,
+                **fence,
+                "limits": Limits(wall_s=wall_s),
+                "lease": _lease_ref(lease),
+                "session": session,
+                "tty": tty,
+            }
         )
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']}" for e in exc.errors()
         )
         raise UsageError(f"the request is not valid: {problems}") from exc
+
+
+def _lease_ref(lease: tuple[str, str, int] | None) -> LeaseRef | None:
+    if lease is None:
+        return None
+    lease_id, seat, generation = lease
+    return LeaseRef(lease_id=lease_id, seat=seat, generation=generation)
 
 
 def drive(

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     # For annotations only: ``say`` is all a fast ``paddock run`` needs from here.
-    from shared.wire import PlanResult, Refusal, Turn
+    from shared.wire import PlanResult, Refusal, Session, Turn
 
 
 def print_plan(result: PlanResult, *, as_json: bool) -> int:
@@ -58,6 +58,30 @@ def print_turns(turns: list[Turn], *, as_json: bool) -> int:
         exit_code = "-" if turn.exit_code is None else str(turn.exit_code)
         created = turn.created_at.strftime("%Y-%m-%d %H:%M:%S")
         rows.append((turn.turn_id, turn.role, turn.state, exit_code, created, wall))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        _line(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        )
+    return 0
+
+
+def print_sessions(sessions: list[Session], *, as_json: bool) -> int:
+    """Print sessions as a table (or JSON lines), newest first."""
+    if as_json:
+        for session in sessions:
+            print(session.model_dump_json())
+        return 0
+    rows = [("SESSION", "ROLE", "STATE", "TURNS", "CREATED", "NOW / WHY ENDED")]
+    for session in sessions:
+        created = session.created_at.strftime("%Y-%m-%d %H:%M:%S")
+        now = f"running {session.turn_id}" if session.turn_id else "idle"
+        said = now if session.state == "open" else (session.ended or "")
+        if session.refusal is not None:
+            said = f"{session.refusal.rule} ({session.refusal.subject})"
+        rows.append(
+            (session.session_id, session.role, session.state, str(session.turns), created, said)
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         _line(

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from bench import latency, memory, protect_scan, resume, soak, throughput
+from bench import files, latency, memory, protect_scan, resume, sessions, soak, throughput
 from bench.common import MIB, machine_facts, mux_runtime
 
 
@@ -50,6 +50,8 @@ SECTIONS: dict[str, Callable[[Sizes], str]] = {
     "memory": lambda sizes: memory.run(sizes.sleep_s, sizes.sequential),
     "resume": lambda sizes: resume.run(sizes.resumes),
     "scan": lambda sizes: protect_scan.run(sizes.slow_runs),
+    "files": lambda sizes: files.run(sizes.slow_runs),
+    "sessions": lambda sizes: sessions.run(sizes.runs),
     "soak": lambda sizes: soak.run(sizes.soak_minutes),
 }
 ON_REQUEST = frozenset({"soak"})

@@ -25,7 +25,9 @@ class Mutation:
     old: str
     new: str
     tests: tuple[str, ...]
-    also: tuple[tuple[str, str], ...] = ()
+    also: tuple[tuple[str, ...], ...] = ()
+    """More replacements: ``(old, new)`` in the same file, or ``(file, old, new)`` in another
+    (a rule held in two places is inverted in both)."""
 
 
 MUTATIONS = (
@@ -52,14 +54,14 @@ MUTATIONS = (
     ),
     Mutation(
         "symlinks-not-followed",
-        "target_side/policy/plan.py",
-        "        resolved = resolve(subject, path)\n        self._check_forbidden(subject, path, resolved)",
-        "        resolved = posixpath.normpath(path)\n        self._check_forbidden(subject, path, resolved)",
+        "target_side/policy/mounts.py",
+        '        resolved = path if subject == "roles.home" else resolve(subject, path)',
+        '        resolved = path if subject == "roles.home" else posixpath.normpath(path)',
         ("tests/test_fence.py::test_fs_read_through_a_symlink_to_forbidden_path_is_refused",),
     ),
     Mutation(
         "workspace-unchecked",
-        "target_side/policy/plan.py",
+        "target_side/policy/mounts.py",
         "        if not any(is_within(resolved, w) for w in self.workspaces):",
         "        if False:",
         ("tests/test_fence.py -k outside_workspace or escaping",),
@@ -83,9 +85,9 @@ MUTATIONS = (
     ),
     Mutation(
         "root-inside",
-        "target_side/policy/plan.py",
-        "return (NOBODY, NOBODY) if uid == 0 else (uid, gid)",
-        "return (0, 0)",
+        "target_side/fence/launch.py",
+        '        "--uid",\n        str(plan.uid),\n',
+        '        "--uid",\n        "0",\n',
         ("tests/test_fence.py::test_fence_runs_as_non_root_without_capabilities",),
     ),
     Mutation(
@@ -97,9 +99,9 @@ MUTATIONS = (
     ),
     Mutation(
         "server-env-inherited",
-        "target_side/policy/plan.py",
+        "target_side/policy/environment.py",
         "    env |= {name: server_env[name] for name in INHERITED_ENV if name in server_env}",
-        "    env |= server_env",
+        "    env |= dict(server_env)",
         ("tests/test_fence.py::test_fence_env_is_the_allowlist",),
     ),
     Mutation(
@@ -111,7 +113,7 @@ MUTATIONS = (
     ),
     Mutation(
         "reserved-env-accepted",
-        "target_side/policy/plan.py",
+        "target_side/policy/environment.py",
         '        if name.startswith("PADDOCK_"):',
         "        if False:",
         ("tests/test_fence.py::test_reserved_env_name_is_refused",),
@@ -119,8 +121,8 @@ MUTATIONS = (
     Mutation(
         "git-hooks-writable",
         "target_side/policy/plan.py",
-        "    planner.protect_git()\n",
-        "",
+        "    audit = protect_writable(planner, settings)\n",
+        "    audit: dict[str, str | None] = {}\n",
         ("tests/test_fence.py::test_fence_git_hooks_stay_read_only",),
     ),
     Mutation(
@@ -168,7 +170,7 @@ MUTATIONS = (
     Mutation(
         "unlinked-source-reported-as-backend-failure",
         "target_side/fence/launch.py",
-        """ or "Can't find source path /proc/self/fd/" in last""",
+        ' or "Can\'t find source path /proc/self/fd/" in last',
         "",
         ("tests/test_held_paths.py -k unlinked",),
     ),
@@ -181,7 +183,7 @@ MUTATIONS = (
     ),
     Mutation(
         "socket-mounts-allowed",
-        "target_side/policy/plan.py",
+        "target_side/policy/mounts.py",
         "        if stat.S_ISSOCK(st.st_mode):",
         "        if False:",
         ("tests/test_fence.py -k socket",),
@@ -218,14 +220,14 @@ MUTATIONS = (
     ),
     Mutation(
         "executable-trust-unchecked",
-        "target_side/policy/plan.py",
-        "    _check_trusted(given, resolved, st)\n",
-        "",
+        "target_side/policy/executables.py",
+        "    problem = trust.file_problem(st, uid)\n",
+        "    problem = None\n",
         ("tests/test_held_paths.py -k shim_in_world_writable or someone_else or group_writable",),
         also=(
+            ("    _check_directories(given, resolved, posixpath.dirname(resolved), uid)\n", ""),
             (
-                '    _check_directories(given, resolved, resolve("argv[0]", posixpath.dirname(candidate)))'
-                "\n",
+                '    _check_directories(given, resolved, resolve("argv[0]", posixpath.dirname(candidate)), uid)\n',
                 "",
             ),
         ),
@@ -436,8 +438,8 @@ MUTATIONS = (
     Mutation(
         "cursor-recorded-before-delivery",
         "agent_side/streaming.py",
-        "        self._show(event)\n        if self.cursor is not None and not self.pipe_broken:\n            self.cursor.delivered(event.seq)",
-        "        if self.cursor is not None:\n            self.cursor.delivered(event.seq)\n        self._show(event)",
+        "        self.show(event)\n        if self.cursor is not None and not self.pipe_broken:\n            self.cursor.delivered(event.seq)",
+        "        if self.cursor is not None:\n            self.cursor.delivered(event.seq)\n        self.show(event)",
         (
             "tests/test_cursors.py::test_logs_follow_into_a_closed_pipe_records_nothing_it_could_not_write",
         ),
@@ -522,8 +524,8 @@ MUTATIONS = (
     Mutation(
         "one-program-rule-unstated",
         "shared/wire.py",
-        "    model_config = ConfigDict(json_schema_extra=_ONE_PROGRAM)\n",
-        "",
+        "    model_config = ConfigDict(json_schema_extra=_ONE_PROGRAM | _SESSION_TURN)\n",
+        "    model_config = ConfigDict(json_schema_extra=_SESSION_TURN)\n",
         ("tests/test_openapi.py -k decides_as_the_model or one_program",),
     ),
     Mutation(
@@ -597,9 +599,9 @@ HOST_EDGES = "tests/test_host_edges.py"
 MUTATIONS += (
     Mutation(
         "bwrap-under-the-turns-env",
-        "target_side/fence/identity.py",
-        "                env=BWRAP_ENV,\n",
-        "                env=dict(os.environ),\n",
+        "target_side/fence/launch.py",
+        "        *prefix,\n",
+        '        *prefix,\n        "/usr/bin/env",\n        *(f"{k}={v}" for k, v in plan.env.items()),\n',
         (f"{HOST_EDGES} -k env_loader_variables or bwraps_command_line",),
     ),
     Mutation(
@@ -869,6 +871,164 @@ MUTATIONS += (
         ("tests/test_mux.py::test_mux_refuses_a_socket_owned_by_another_user",),
     ),
     Mutation(
+        "files-protected-names-written",
+        "target_side/policy/files.py",
+        '        if _holds_sequence(below, name.split("/")):',
+        "        if False:",
+        ("tests/test_files.py -k protected_name or hooks_named or bare_repository",),
+        also=(("    git_dir = git_dir_above(resolved)", "    git_dir = None"),),
+    ),
+    Mutation(
+        "files-outside-workspace-written",
+        "target_side/policy/files.py",
+        "    workspace = _workspace_of(resolved, workspaces)",
+        "    workspace = _workspace_of(resolved, workspaces) or posixpath.dirname(resolved)",
+        ("tests/test_files.py::test_files_put_outside_the_workspaces_is_refused",),
+        also=(
+            (
+                '    planner.workspace_dir(directory, "path")',
+                '    planner.existing("rw", directory, "path")',
+            ),
+        ),
+    ),
+    Mutation(
+        "files-forbidden-list-ignored",
+        "target_side/policy/forbidden.py",
+        "        if any(is_within(canonical, mine) for mine in self.own):\n            return None",
+        "        return None",
+        ("tests/test_files.py -k forbidden",),
+    ),
+    Mutation(
+        "files-written-as-root",
+        "target_side/policy/files.py",
+        "    uid, gid = host_ids(settings, role)",
+        "    uid, gid = 0, 0",
+        ("tests/test_files.py -k belong_to_the_role_uid or round_trips",),
+    ),
+    Mutation(
+        "files-commit-without-the-whole-body",
+        "target_side/fence/file_helper.py",
+        "            if not _committed():\n                return\n            os.fchmod(temporary.fd, mode)",
+        "            os.fchmod(temporary.fd, mode)",
+        ("tests/test_files.py::test_files_put_cut_off_midway_leaves_the_old_file",),
+    ),
+    Mutation(
+        "files-upload-unbounded",
+        "target_side/service/files.py",
+        "            if declared is not None and declared > plan.limit_bytes:",
+        "            if False:",
+        ("tests/test_files.py -k over_the_role_limit",),
+        also=(
+            (
+                "if size > limit:\n                        raise self.service",
+                "if False:\n                        raise self.service",
+            ),
+            ("target_side/fence/file_helper.py", "        if size > limit:", "        if False:"),
+        ),
+    ),
+    Mutation(
+        "git-hooks-writable-as-a-mount-of-their-own",
+        "target_side/policy/plan.py",
+        '        if member is not None and subject != "roles.home":',
+        "        if False:",
+        ("tests/test_files.py::test_turn_writable_mount_inside_git_hooks_is_refused",),
+    ),
+    Mutation(
+        "archive-dot-dot-accepted",
+        "target_side/fence/file_helper.py",
+        '    if ".." in parts:',
+        "    if False:",
+        ("tests/test_file_helper.py -k dot", "tests/test_files.py -k attack and dot"),
+    ),
+    Mutation(
+        "archive-absolute-names-accepted",
+        "target_side/fence/file_helper.py",
+        '    if name.startswith("/"):',
+        "    if False:",
+        (
+            "tests/test_file_helper.py -k absolute",
+            "tests/test_files.py -k attack and absolute",
+        ),
+    ),
+    Mutation(
+        "archive-symlinks-unchecked",
+        "target_side/fence/file_helper.py",
+        "        if member.issym():\n            tree.check_link",
+        "        if False:\n            tree.check_link",
+        ("tests/test_file_helper.py -k symlink", "tests/test_files.py -k attack and symlink"),
+    ),
+    Mutation(
+        "archive-hard-links-unchecked",
+        "target_side/fence/file_helper.py",
+        "        elif member.islnk():\n            _check_hard_link",
+        "        elif False:\n            _check_hard_link",
+        ("tests/test_file_helper.py -k hard", "tests/test_files.py -k attack and hard"),
+    ),
+    Mutation(
+        "archive-devices-extracted",
+        "target_side/fence/file_helper.py",
+        "    if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):",
+        "    if False:",
+        (
+            "tests/test_file_helper.py -k device or fifo",
+            "tests/test_files.py -k attack and (device or fifo)",
+        ),
+    ),
+    Mutation(
+        "archive-setuid-kept",
+        "target_side/fence/file_helper.py",
+        "    if member.mode & (stat.S_ISUID | stat.S_ISGID):",
+        "    if False:",
+        (
+            "tests/test_file_helper.py -k setuid or setgid",
+            "tests/test_files.py -k attack and setuid",
+        ),
+    ),
+    Mutation(
+        "archive-through-an-existing-symlink",
+        "target_side/fence/file_helper.py",
+        "            if there is not None and not stat.S_ISDIR(there.st_mode):",
+        "            if False:",
+        (
+            "tests/test_file_helper.py -k existing_symlink",
+            "tests/test_files.py::test_archive_member_under_an_existing_symlink_out_is_refused",
+        ),
+    ),
+    Mutation(
+        "archive-protected-members-accepted",
+        "target_side/fence/file_helper.py",
+        "    _check_protected(parts, request, name)",
+        "    pass",
+        (
+            "tests/test_file_helper.py -k protected or git",
+            "tests/test_files.py -k attack and (git or bashrc)",
+        ),
+    ),
+    Mutation(
+        "archive-unpacked-size-unbounded",
+        "target_side/fence/file_helper.py",
+        '    if plan.size > request["limit"]:',
+        "    if False:",
+        (
+            "tests/test_file_helper.py -k over",
+            "tests/test_files.py::test_archive_unpacking_over_the_role_limit_is_refused",
+        ),
+    ),
+    Mutation(
+        "body-limit-exempts-every-route",
+        "target_side/service/body_limit.py",
+        '(scope["method"], scope["path"]) in STREAMED:',
+        "True:",
+        ("tests/test_api.py::test_body_over_one_mib_is_413_and_server_keeps_serving",),
+    ),
+    Mutation(
+        "request-clock-stops-for-every-body",
+        "target_side/service/connections.py",
+        "            streaming = self.conn.their_state is h11.SEND_BODY and bool(",
+        "            streaming = self.conn.their_state is h11.SEND_BODY or bool(",
+        ("tests/test_files.py::test_a_turn_body_not_finished_in_time_is_still_closed",),
+    ),
+    Mutation(
         "mux-socket-open-to-others-trusted",
         "agent_side/mux/paths.py",
         '    if info.st_mode & 0o077:\n        raise MuxUnsafe(\n            f"{shown} is open',
@@ -912,6 +1072,167 @@ MUTATIONS += (
             "tests/test_mux.py::test_mux_keeps_the_token_out_of_its_command_line_environment_and_log",
         ),
     ),
+    Mutation(
+        "lease-generation-not-checked",
+        "target_side/service/leases.py",
+        "        if not lease.generation == grant.generation == seat.generation:",
+        "        if False:",
+        (
+            "tests/test_leases.py -k superseded_generation_is_refused",
+            "tests/test_leases.py -k zombie",
+        ),
+    ),
+    Mutation(
+        "lease-of-another-role-accepted",
+        "target_side/service/leases.py",
+        "        if seat is None or grant is None or seat.role != role:",
+        "        if seat is None or grant is None:",
+        (
+            "tests/test_leases.py -k another_role_or_seat",
+            "tests/test_leases.py -k leases_own_role",
+        ),
+    ),
+    Mutation(
+        "superseded-lease-renewable",
+        "target_side/service/leases.py",
+        "            if grant.generation != seat.generation:\n                raise LeaseEnded(",
+        "            if False:\n                raise LeaseEnded(",
+        (
+            "tests/test_leases.py -k superseded_is_never_renewed",
+            "tests/test_leases.py -k zombie",
+        ),
+    ),
+    Mutation(
+        "session-turn-lease-unchecked",
+        "target_side/service/sessions.py",
+        "        self.turns.leases.admit(request.role, request.lease or record.lease)",
+        "        pass",
+        ("tests/test_leases.py -k zombies_session_turns",),
+    ),
+    Mutation(
+        "session-lease-unchecked-at-start",
+        "target_side/service/sessions.py",
+        "            leases.admit(request.role, request.lease)\n            record.lease",
+        "            record.lease",
+        ("tests/test_leases.py -k refuses_a_session_without_one",),
+        also=(("            leases.admit(request.role, request.lease)\n", ""),),
+    ),
+    Mutation(
+        "late-close-report-drops-successor",
+        "target_side/service/connections.py",
+        "        if self._open.get(entry.fd) is entry:\n            del self._open[entry.fd]",
+        "        if entry.fd in self._open:\n            _cancel(self._open.pop(entry.fd))",
+        ("tests/test_connections.py -k late_report",),
+    ),
+    Mutation(
+        "file-operation-lease-unchecked",
+        "target_side/service/files.py",
+        "            self.manager.leases.admit(role, who.lease)\n            plan",
+        "            plan",
+        (
+            "tests/test_leases.py -k file_operation_without_one",
+            "tests/test_leases.py -k zombies_file_writes",
+        ),
+        also=(("            self.manager.leases.admit(role, who.lease)\n", ""),),
+    ),
+    Mutation(
+        "python-file-operations-drop-the-held-lease",
+        "agent_side/api.py",
+        "        return Acting(role, held.ref if held is not None and held.lease.role == role else None)",
+        "        return Acting(role, None)",
+        ("tests/test_agent_leases.py -k file_operations_and_sessions",),
+    ),
+    Mutation(
+        "lease-not-required",
+        "target_side/service/leases.py",
+        "            if config is not None and config.require_lease:",
+        "            if False:",
+        ("tests/test_leases.py -k required",),
+    ),
+    Mutation(
+        "lease-not-checked-at-launch",
+        "target_side/service/turns.py",
+        "            self.leases.admit(request.role, request.lease)\n            # Off the event loop",
+        "            # Off the event loop",
+        ("tests/test_leases.py -k zombie",),
+        also=(
+            (
+                "            # Again at launch: a seat taken over while the turn was planned "
+                "refuses it.\n            self.leases.admit(request.role, request.lease)\n",
+                "",
+            ),
+        ),
+    ),
+)
+
+
+SESSION_TESTS = "tests/test_sessions.py"
+"""Sessions and terminals over real bubblewrap and a real target."""
+
+MUTATIONS += (
+    Mutation(
+        "session-turn-widens-its-fence",
+        "shared/wire.py",
+        "        if self.session is None:\n            return self",
+        "        if True:\n            return self",
+        (SESSION_TESTS + " -k may_not_set_fence_fields",),
+    ),
+    Mutation(
+        "session-shell-root-inside",
+        "target_side/policy/sessions.py",
+        "        stdin_open=True,\n    )",
+        "        stdin_open=True,\n        uid=0,\n        gid=0,\n    )",
+        (SESSION_TESTS + "::test_session_shell_runs_as_the_roles_uid",),
+    ),
+    Mutation(
+        "session-turn-asks-past-its-session",
+        "target_side/service/sessions.py",
+        "    if asked is not None and asked > most:\n        raise refusals.limit_exceeds_session",
+        "    if False:\n        raise refusals.limit_exceeds_session",
+        (SESSION_TESTS + "::test_session_turn_cannot_ask_for_more_than_its_session",),
+    ),
+    Mutation(
+        "session-limits-not-its-own",
+        "target_side/policy/sessions.py",
+        'limits=plan.limits.model_copy(update={"wall_s": session_s}),',
+        'limits=plan.limits.model_copy(update={"wall_s": session_s, "pids": maxima.pids}),',
+        (SESSION_TESTS + "::test_session_cgroup_bounds_all_its_turns_together",),
+    ),
+    Mutation(
+        "session-turn-not-audited",
+        "target_side/service/sessions.py",
+        "        audit_plan = replace(plan.fence, turn_id=turn_id)",
+        "        audit_plan = replace(plan.fence, turn_id=turn_id, audit={})",
+        (SESSION_TESTS + "::test_session_audits_protected_names_after_each_turn",),
+    ),
+    Mutation(
+        "session-end-not-audited",
+        "target_side/service/sessions.py",
+        "fence_plan.role, (fence_plan.uid, fence_plan.gid), fence_plan.audit, _id(record)",
+        "fence_plan.role, (fence_plan.uid, fence_plan.gid), {}, _id(record)",
+        (SESSION_TESTS + "::test_session_audits_protected_names_when_it_ends",),
+    ),
+    Mutation(
+        "session-of-another-role-visible",
+        "target_side/service/sessions.py",
+        "        if record is None or record.session.role not in roles:",
+        "        if record is None:",
+        (SESSION_TESTS + " -k other_roles_session",),
+    ),
+    Mutation(
+        "terminal-turn-unfiltered",
+        "target_side/fence/launch.py",
+        "        seccomp = syscall_filter.filter_fd(network=plan.network)",
+        "        seccomp = None if plan.tty else syscall_filter.filter_fd(network=plan.network)",
+        ("tests/test_terminals.py -k tiocsti",),
+    ),
+    Mutation(
+        "terminal-not-the-commands-own",
+        "target_side/fence/launch.py",
+        '    return [plan.terminal_helper, "--ctty", "--"]',
+        "    return []",
+        ("tests/test_terminals.py -k controlling_terminal or ctrl_c",),
+    ),
 )
 
 
@@ -922,19 +1243,28 @@ def run(mutation: Mutation) -> bool:
         shutil.copytree(
             ROOT, copy, ignore=shutil.ignore_patterns(".venv", ".git", "__pycache__", ".*cache")
         )
-        target = copy / mutation.file
-        text = target.read_text()
-        for old, new in ((mutation.old, mutation.new), *mutation.also):
+        for file, old, new in _replacements(mutation):
+            target = copy / file
+            text = target.read_text()
             if old not in text:
                 print(f"{mutation.name}: STALE (the code it mutates has changed)")
                 return False
-            text = text.replace(old, new, 1)
-        target.write_text(text)
+            target.write_text(text.replace(old, new, 1))
         failed = all(_red(copy, spec) for spec in mutation.tests)
     print(
         f"{mutation.name}: {'red as it must be' if failed else 'STILL GREEN - the test cannot fail'}"
     )
     return failed
+
+
+def _replacements(mutation: Mutation) -> list[tuple[str, str, str]]:
+    found = [(mutation.file, mutation.old, mutation.new)]
+    for extra in mutation.also:
+        if len(extra) == 2:
+            found.append((mutation.file, extra[0], extra[1]))
+        else:
+            found.append((extra[0], extra[1], extra[2]))
+    return found
 
 
 def _red(tree: Path, spec: str) -> bool:

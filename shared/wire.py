@@ -22,6 +22,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.config import JsonDict
 
 from shared.exit_status import ExitStatus
 
@@ -42,13 +43,21 @@ RefusalRule = Literal[
     "backend-unavailable",
     "path-changed",
     "bad-mount",
+    "protected-path",
+    "bad-archive",
+    "stale-lease",
 ]
 TurnState = Literal["running", "exited", "refused", "lost"]
+SessionState = Literal["open", "refused", "closed", "lost"]
 HealthCauseName = Literal["backend", "limits", "disk", "config", "turns-failing", "identity"]
 SignalName = Literal["INT", "TERM", "KILL", "HUP"]
 
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _TURN_ID = re.compile(r"t-[0-9a-f]{32}")
+_LEASE_ID = re.compile(r"l-[0-9a-f]{32}")
+_SESSION_ID = re.compile(r"s-[0-9a-f]{32}")
+MAX_TTY_SIDE = 1000
+"""Rows or columns of a terminal, at most: more than any screen, less than the kernel's 65535."""
 
 # The validators' rules, as JSON Schema says them (for the OpenAPI document only: the
 # validators below are what the target enforces, with messages that say how to fix it).
@@ -60,6 +69,16 @@ _HOST_CONTAINER = r"^/[^\u0000:]*(:/[^\u0000]*)?$"
 def is_turn_id(text: str) -> bool:
     """Whether ``text`` has the shape of a turn id (``t-`` and 32 hex digits)."""
     return _TURN_ID.fullmatch(text) is not None
+
+
+def is_lease_id(text: str) -> bool:
+    """Whether ``text`` has the shape of a lease id (``l-`` and 32 hex digits)."""
+    return _LEASE_ID.fullmatch(text) is not None
+
+
+def is_session_id(text: str) -> bool:
+    """Whether ``text`` has the shape of a session id (``s-`` and 32 hex digits)."""
+    return _SESSION_ID.fullmatch(text) is not None
 
 
 class Wire(BaseModel):
@@ -101,6 +120,91 @@ class Limits(Wire):
     scratch_mb: int | None = Field(default=None, gt=0, description="size of the turn's /tmp")
 
 
+MAX_LEASE_TTL_S = 86400.0
+"""The longest a lease may run between renewals: a day."""
+_SEAT_TEXT = r"^[^\u0000-\u001f\u007f]*$"
+_LEASE_ID_SHAPE = r"^l-[0-9a-f]{32}$"
+
+
+def _seat_text(value: str) -> str:
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        raise ValueError("a seat name must not hold control characters (newlines, tabs, NUL)")
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:
+        raise ValueError("a seat name must be valid Unicode text (no lone surrogates)") from exc
+    return value
+
+
+SeatName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=256,
+        json_schema_extra={"pattern": _SEAT_TEXT},
+        description="what the lease holds, within its role: any text without control "
+        "characters, such as the agent's workspace",
+    ),
+    AfterValidator(_seat_text),
+]
+LeaseId = Annotated[str, Field(pattern=_LEASE_ID_SHAPE, description="`l-` and 32 hex digits")]
+Generation = Annotated[int, Field(ge=1)]
+
+
+class LeaseRef(Wire):
+    """The lease a request acts under; the target refuses it unless it is its seat's current one.
+
+    ``generation`` is the fencing token: each lease granted on a seat gets the
+    next one, so a holder whose seat was taken over names an old generation.
+    """
+
+    lease_id: LeaseId
+    seat: SeatName
+    generation: Generation
+
+
+class Leased(Wire):
+    """A request that may act under a lease (``lease``); the role may require one."""
+
+    lease: LeaseRef | None = Field(
+        default=None,
+        description="the lease this request acts under; refused (stale-lease) unless it is "
+        "the seat's current generation, held and unexpired",
+    )
+
+
+class SessionLimits(Limits):
+    """A session's limits: the fence's (memory, pids, cpu, scratch: all its turns together),
+    its turns' defaults (``wall_s``, ``output_mb``, each turn's own), and its own life."""
+
+    session_s: float | None = Field(
+        default=None, gt=0, description="the session ends this long after it started"
+    )
+    session_idle_s: float | None = Field(
+        default=None, gt=0, description="the session ends after this long without a turn"
+    )
+
+
+class Tty(Wire):
+    """A terminal for a turn: its size, and the ``TERM`` its programs are told."""
+
+    rows: int = Field(ge=1, le=MAX_TTY_SIDE)
+    cols: int = Field(ge=1, le=MAX_TTY_SIDE)
+    term: str | None = Field(
+        default=None,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]*$",
+        description="TERM inside (default: the target's own, if it has one)",
+    )
+
+
+class Resize(Wire):
+    """A terminal turn's new size (``POST /v1/turns/{id}/resize``)."""
+
+    rows: int = Field(ge=1, le=MAX_TTY_SIDE)
+    cols: int = Field(ge=1, le=MAX_TTY_SIDE)
+
+
 _Argv = Annotated[
     list[Annotated[str, Field(json_schema_extra={"pattern": _NO_NUL})]],
     Field(
@@ -113,7 +217,7 @@ _Argv = Annotated[
     ),
 ]
 _Digest = Annotated[str, Field(json_schema_extra={"pattern": "^[0-9a-f]{64}$"})]
-_ONE_PROGRAM = {
+_ONE_PROGRAM: JsonDict = {
     "oneOf": [
         {
             "title": "a command",
@@ -137,12 +241,49 @@ _ONE_PROGRAM = {
 }
 """Exactly one of ``argv`` or ``script``, and ``script_sha256`` with ``script`` alone (an
 absent field and ``null`` are the same)."""
+_EMPTY_FS = {
+    "anyOf": [
+        {"type": "null"},
+        {
+            "type": "object",
+            "properties": {
+                "read": {"anyOf": [{"type": "null"}, {"maxItems": 0}]},
+                "write": {"anyOf": [{"type": "null"}, {"maxItems": 0}]},
+            },
+        },
+    ]
+}
+_SESSION_TURN = {
+    "if": {"required": ["session"], "properties": {"session": {"type": "string"}}},
+    "then": {
+        "properties": {
+            "cwd": {"type": "null"},
+            "env": {"anyOf": [{"type": "null"}, {"maxProperties": 0}]},
+            "fs": _EMPTY_FS,
+            "secrets": {"anyOf": [{"type": "null"}, {"maxItems": 0}]},
+            "network": {"anyOf": [{"type": "null"}, {"const": "none"}]},
+            "limits": {
+                "anyOf": [
+                    {"type": "null"},
+                    {
+                        "type": "object",
+                        "properties": {
+                            name: {"type": "null"}
+                            for name in ("memory_mb", "pids", "cpu", "scratch_mb")
+                        },
+                    },
+                ]
+            },
+        }
+    },
+}
+"""A turn in a session sets none of the fence's fields (the session's are its own)."""
 
 
-class TurnRequest(Wire):
+class TurnRequest(Leased):
     """One command (``argv``) or one script (``script`` + ``script_sha256``) to run."""
 
-    model_config = ConfigDict(json_schema_extra=_ONE_PROGRAM)
+    model_config = ConfigDict(json_schema_extra=_ONE_PROGRAM | _SESSION_TURN)
 
     role: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     argv: _Argv | None = Field(
@@ -167,6 +308,17 @@ class TurnRequest(Wire):
     network: Literal["none", "host"] = "none"
     limits: Limits = Field(default_factory=Limits)
     stdin: Literal["closed", "open"] = "closed"
+    session: Annotated[str, Field(json_schema_extra={"pattern": "^s-[0-9a-f]{32}$"})] | None = (
+        Field(
+            default=None,
+            description="run inside this open session's fence and shell (`cwd`, `env`, `fs`, "
+            "`secrets`, `network` and the fence's limits are then the session's)",
+        )
+    )
+    tty: Tty | None = Field(
+        default=None,
+        description="run on a terminal of this size: one output stream, stdin is keystrokes",
+    )
 
     @field_validator("argv")
     @classmethod
@@ -203,6 +355,88 @@ class TurnRequest(Wire):
         if self.script is None and self.script_sha256 is not None:
             raise ValueError("'script_sha256' belongs to a script turn; this one has 'argv'")
         return self
+
+    @model_validator(mode="after")
+    def _session_fence_is_the_sessions(self) -> TurnRequest:
+        # A turn in a session gets exactly the session's fence: nothing it asks may widen it.
+        if self.session is None:
+            return self
+        if not is_session_id(self.session):
+            raise ValueError(f"session {self.session!r} is not a session id (s- and 32 hex digits)")
+        given = [name for name in SESSION_FENCE_FIELDS if getattr(self, name) != _EMPTY[name]]
+        given += [
+            f"limits.{name}"
+            for name in sorted(self.limits.model_fields_set)
+            if name not in SESSION_TURN_LIMITS and getattr(self.limits, name) is not None
+        ]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)}: a turn in a session runs in the session's fence, which "
+                "its own request cannot change; give these when starting the session (and "
+                "use cd or export inside it), or run a turn of its own without 'session'"
+            )
+        return self
+
+
+SESSION_FENCE_FIELDS = ("cwd", "env", "fs", "secrets", "network")
+"""What a turn request may not set with ``session``: they are the session's."""
+SESSION_TURN_LIMITS = frozenset({"wall_s", "output_mb"})
+"""The limits a turn in a session may ask for itself (at most the session's)."""
+_EMPTY: dict[str, object] = {
+    "cwd": None,
+    "env": {},
+    "fs": FsAccess(),
+    "secrets": [],
+    "network": "none",
+}
+
+
+class SessionRequest(Leased):
+    """A long-lived fence with one shell, for turns that name it (``POST /v1/sessions``).
+
+    A session under a lease runs each of its turns under it too (unless the
+    turn names its own): once a newer holder takes the seat, they are refused.
+    """
+
+    role: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    cwd: AbsolutePath | None = Field(
+        default=None, description="where the shell starts; default: the role's first workspace"
+    )
+    env: dict[str, str] = Field(default_factory=dict, max_length=256)
+    fs: FsAccess = Field(default_factory=FsAccess)
+    secrets: list[Annotated[str, Field(json_schema_extra={"pattern": _HOST_CONTAINER})]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="host:container, both absolute, bound read-only (host alone: at its own path)",
+    )
+    network: Literal["none", "host"] = "none"
+    limits: SessionLimits = Field(default_factory=SessionLimits)
+
+    @field_validator("secrets")
+    @classmethod
+    def _secret_pairs(cls, secrets: list[str]) -> list[str]:
+        for pair in secrets:
+            for part in pair.split(":", 1):
+                _absolute(part)
+        return secrets
+
+    def fence_request(self, argv: list[str]) -> TurnRequest:
+        """The turn request whose fence this session is: the same fields, running ``argv``."""
+        limits = Limits.model_validate(
+            self.limits.model_dump(exclude={"session_s", "session_idle_s"}, exclude_none=True)
+        )
+        return TurnRequest(
+            role=self.role,
+            argv=argv,
+            cwd=self.cwd,
+            env=self.env,
+            fs=self.fs,
+            secrets=self.secrets,
+            network=self.network,
+            limits=limits,
+            stdin="open",
+            lease=self.lease,
+        )
 
 
 class Refusal(Wire):
@@ -251,11 +485,49 @@ class Turn(Wire):
     executable: Executable | None = None
     usage: Usage | None = None
     output_truncated: bool = False
+    session_id: str | None = Field(default=None, description="the session it ran in, if any")
+    tty: bool = Field(default=False, description="whether it ran on a terminal")
 
     @property
     def finished(self) -> bool:
         """Whether the turn has reached a state it will never leave."""
         return self.state != "running"
+
+
+class SessionTimes(Wire):
+    """How long a session may live, and stay idle, as it was started."""
+
+    session_s: float
+    session_idle_s: float
+    wall_s: float = Field(description="each turn's wall-time limit unless it asks for less")
+    output_mb: int = Field(description="each turn's output limit unless it asks for less")
+
+
+class Session(Wire):
+    """A session as the target knows it."""
+
+    session_id: str
+    role: str
+    state: SessionState
+    refusal: Refusal | None = None
+    created_at: datetime
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    last_active_at: datetime | None = Field(
+        default=None, description="when its last turn ended (or it started): idleness counts from"
+    )
+    cwd: str | None = Field(default=None, description="where its shell started")
+    turn_id: str | None = Field(default=None, description="the turn running in it now, if any")
+    turns: int = Field(default=0, description="how many turns it has run")
+    limits: SessionTimes | None = None
+    ended: str | None = Field(default=None, description="why it ended, in a sentence")
+    exit_code: int | None = Field(
+        default=None, description="the shell's own status, when the shell itself exited"
+    )
+
+    @property
+    def finished(self) -> bool:
+        return self.state != "open"
 
 
 class _EventBase(Wire):
@@ -427,7 +699,112 @@ class Problem(BaseModel):
     errors: list[ProblemField] = Field(default_factory=list)
 
 
+FileType = Literal["file", "directory", "symlink", "other"]
+_MODE = r"^[0-7]{4}$"
+
+
+class FileEntry(Wire):
+    """One entry of a listing (``GET /v1/files?list=1``), as ``lstat`` saw it on the target."""
+
+    name: str = Field(description="its name (invalid UTF-8 shown as U+FFFD; see name_b64)")
+    name_b64: str | None = Field(
+        default=None, description="the name's bytes, base64, only when they are not UTF-8"
+    )
+    type: FileType
+    size: int = Field(ge=0)
+    mode: str = Field(pattern=_MODE, description="permission bits, four octal digits")
+    mtime: datetime
+    uid: int
+    gid: int
+    target: str | None = Field(default=None, description="a symlink's target, as stored")
+
+
+class FileListing(Wire):
+    """A path and, when it is a directory, what it holds (sorted by name)."""
+
+    path: str = Field(description="the path as the walk resolved it")
+    entry: FileEntry = Field(description="the path itself")
+    entries: list[FileEntry] = Field(default_factory=list)
+    truncated: bool = Field(
+        default=False, description="more entries than `limit` exist; only `limit` are listed"
+    )
+
+
+class FileWritten(Wire):
+    """What ``PUT /v1/files`` put in place."""
+
+    path: str = Field(description="where the file now is, as the walk resolved the path")
+    size: int = Field(ge=0)
+    mode: str = Field(pattern=_MODE)
+    uid: int = Field(description="the host uid the file belongs to: the role's own")
+    created: bool = Field(description="true if nothing was there before")
+
+
+class ArchiveWritten(Wire):
+    """What ``PUT /v1/archive`` put in place."""
+
+    path: str = Field(description="the directory, as the walk resolved the path")
+    entries: int = Field(ge=0, description="archive members extracted")
+    size: int = Field(ge=0, description="bytes of regular files extracted")
+    created: bool = Field(description="true if the directory did not exist before")
+
+
+class RefusedProblem(Problem):
+    """A problem body for a file operation the target did not carry out.
+
+    ``refusal`` when a rule of the fence refused it (the same object a refused
+    turn carries); ``errno`` when the host refused the role's uid (permission,
+    no such file, a directory where a file was named).
+    """
+
+    refusal: Refusal | None = None
+    errno: str | None = Field(default=None, description="the system's error name, e.g. EACCES")
+
+
 class RoleList(Wire):
     """The body of ``GET /v1/roles``: the roles the presented token holds, sorted."""
 
     roles: list[str]
+
+
+LeaseState = Literal["held", "released", "expired", "superseded"]
+
+
+class LeaseRequest(Wire):
+    """Take a seat: a lease on ``seat`` for ``role``, until ``ttl_s`` seconds pass unrenewed."""
+
+    role: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    seat: SeatName | None = Field(default=None, description="default: the role's first workspace")
+    ttl_s: float = Field(default=60.0, gt=0, le=MAX_LEASE_TTL_S)
+    supersede: bool = Field(
+        default=False,
+        strict=True,  # a boolean, not 0 or "false"
+        description="take the seat even while another lease holds it: that one is superseded",
+    )
+
+
+class RenewRequest(Wire):
+    """Extend a held lease to ``ttl_s`` seconds from now (default: its own ``ttl_s``)."""
+
+    ttl_s: float | None = Field(default=None, gt=0, le=MAX_LEASE_TTL_S)
+
+
+class Lease(Wire):
+    """A lease on a seat, as the target knows it now."""
+
+    lease_id: str
+    role: str
+    seat: str
+    generation: int = Field(description="this lease's place in its seat's succession, from 1")
+    state: LeaseState
+    ttl_s: float
+    granted_at: datetime
+    expires_at: datetime = Field(description="when it lapses unless renewed first")
+    ended_at: datetime | None = Field(
+        default=None, description="when it was released, lapsed, or superseded"
+    )
+
+    @property
+    def ref(self) -> LeaseRef:
+        """What a request names to act under this lease."""
+        return LeaseRef(lease_id=self.lease_id, seat=self.seat, generation=self.generation)

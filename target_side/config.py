@@ -201,8 +201,15 @@ class RoleLimits(_Section):
     cpu: float = Field(default=2.0, gt=0)
     output_mb: int = Field(default=256, gt=0)
     scratch_mb: int = Field(default=1024, gt=0)
+    file_mb: int = Field(default=1024, gt=0)
+    """The most one file operation moves: a file read or written, an archive's body and what
+    it unpacks to, a directory fetched as an archive."""
     turns: int | None = Field(default=None, gt=0)
     """This role's turns running at once (default: only ``[server] max_turns`` bounds them)."""
+    session_s: float = Field(default=28800, gt=0)
+    """How long one session of this role may live, at most."""
+    session_idle_s: float = Field(default=1800, gt=0)
+    """How long one session of this role may go without a turn, at most."""
 
 
 class RoleHome(_Section):
@@ -223,6 +230,8 @@ class RoleConfig(_Section):
     gid: int | None = Field(default=None, gt=0, lt=2**32 - 1)
     """The host gid (default: the same number as the uid)."""
     allow_network: bool = False
+    require_lease: bool = False
+    """Every turn of the role must name its seat's current lease (``service.leases``)."""
     home: RoleHome = Field(default_factory=lambda: RoleHome())
     limits: RoleLimits = Field(default_factory=RoleLimits)
 

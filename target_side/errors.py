@@ -4,6 +4,7 @@
      ├── ConfigError          the configuration is unusable; the message names the key
      ├── UnsafeFileError      a private file, or a directory above it, could be swapped or read
      ├── RefusedError         the fence refused a turn; carries the wire ``Refusal``
+     │    └── MissingPath     refused because the path named does not exist (files: HTTP 404)
      ├── BackendError         bubblewrap cannot run here
      ├── FilterUnavailable    no seccomp filter can be built on this machine
      ├── LimitError           a turn's limits could not be put in place; it must not run
@@ -19,7 +20,15 @@
      ├── RoleNotHeld          the token is valid but lacks the role asked for (HTTP 403)
      ├── UnknownTurn          no turn with that id is visible to the caller (HTTP 404)
      ├── TurnNotRunning       the turn has ended: it takes no signal or input (HTTP 409)
-     └── StdinClosed          the turn takes no input (HTTP 409)
+     ├── StdinClosed          the turn takes no input (HTTP 409)
+     ├── UnknownLease         no lease with that id is visible to the caller (HTTP 404)
+     ├── SeatHeld             another lease holds the seat; ``supersede`` takes it (HTTP 409)
+     ├── LeaseEnded           the lease was superseded, released or has lapsed (HTTP 409)
+     ├── NoTerminal           the turn runs on no terminal: it cannot be resized (HTTP 409)
+     ├── UnknownSession       no session with that id is visible to the caller (HTTP 404)
+     ├── SessionBusy          the session runs another turn; one at a time (HTTP 409)
+     ├── SessionEnded         the session has ended: it runs no more turns (HTTP 409)
+     └── FileOpFailed         a file operation was not carried out (refused, or the host said no)
 
 A refusal is a turn's outcome, not a failure of the target: ``RefusedError``
 only carries one from where a rule is detected to where the turn is recorded.
@@ -47,6 +56,10 @@ class RefusedError(TargetError):
     def __init__(self, refusal: Refusal) -> None:
         super().__init__(f"{refusal.rule} ({refusal.subject}): {refusal.detail}")
         self.refusal = refusal
+
+
+class MissingPath(RefusedError):
+    """Refused because the path named does not exist (``bad-mount``): a file operation's 404."""
 
 
 class BackendError(TargetError):
@@ -128,3 +141,72 @@ class TurnNotRunning(TargetError):
 
 class StdinClosed(TargetError):
     """The turn was not started with ``stdin: open``, or its stdin is already closed."""
+
+
+class UnknownLease(TargetError):
+    """No lease with that id is visible to the caller (HTTP 404)."""
+
+
+class SeatHeld(TargetError):
+    """Another lease holds the seat; only a request that supersedes it may take it (HTTP 409)."""
+
+    def __init__(self, message: str, seat: str, generation: int, expires_at: str) -> None:
+        super().__init__(message)
+        self.seat = seat
+        self.generation = generation
+        """The holder's generation: the one a superseding lease follows."""
+        self.expires_at = expires_at
+
+
+class LeaseEnded(TargetError):
+    """The lease no longer holds its seat (superseded, released, lapsed): it cannot be renewed."""
+
+    def __init__(self, message: str, state: str) -> None:
+        super().__init__(message)
+        self.state = state
+
+
+class NoTerminal(TargetError):
+    """The turn was not started with ``tty``, so it has no terminal to resize."""
+
+
+class UnknownSession(TargetError):
+    """No session with that id is visible to the caller."""
+
+
+class SessionBusy(TargetError):
+    """The session is running another turn; it runs one at a time."""
+
+    def __init__(self, message: str, turn_id: str | None) -> None:
+        super().__init__(message)
+        self.turn_id = turn_id
+        """The turn it is running (None while that turn is being started)."""
+
+
+class SessionEnded(TargetError):
+    """The session has ended (or never opened): it runs no more turns."""
+
+
+class FileOpFailed(TargetError):
+    """A file operation was not carried out; ``status`` is its HTTP answer.
+
+    Carries the ``Refusal`` when a rule of the fence refused it, else ``errno``:
+    the system's word when it refused the role's uid (a file operation acts on
+    the host only as its role). Nothing was written either way.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        title: str,
+        detail: str,
+        *,
+        refusal: Refusal | None = None,
+        errno: str | None = None,
+    ) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.title = title
+        self.detail = detail
+        self.refusal = refusal
+        self.errno = errno

@@ -47,16 +47,31 @@ def test_help_and_version_exit_0(capsys: pytest.CaptureFixture[str]) -> None:
         ["run", "-it", "--", "python3"],
         ["run", "-ti", "--", "python3"],
         ["run", "--cwd", "/w", "-it", "python3"],
-        ["run", "-i", "--", "python3"],
-        ["plan", "-it", "--", "bash"],
+        ["run", "--tty", "--", "python3"],
     ],
 )
-def test_docker_terminal_flags_say_terminals_are_not_supported(
-    argv: list[str], capsys: pytest.CaptureFixture[str]
+def test_docker_it_asks_run_for_a_terminal(argv: list[str]) -> None:
+    parser = cli.build_parser("run")
+    args = cli._terminal_options(parser, argv, parser.parse_args(argv))
+    assert args.tty
+    assert args.identity == [] and args.target_name is None  # not -i t, not -t i
+    assert args.command[-1] == "python3"
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["run", "-i", "--", "python3"], "-i names an SSH key"),
+        (["plan", "-it", "--", "bash"], "only paddock run (and shell) runs on a terminal"),
+        (["run", "-it", "--json", "--local", "--", "true"], "--json and --tty"),
+    ],
+)
+def test_terminal_flags_where_they_mean_nothing_say_so(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert cli.main(argv) == 125
     err = capsys.readouterr().err
-    assert "terminals are not supported yet" in err
+    assert says in err
     assert "no such key file" not in err and "no stored target" not in err
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import ssl
 import time
@@ -140,3 +141,31 @@ async def test_accepted_connections_send_without_delay(tmp_path: Path) -> None:
             await asyncio.sleep(0.01)
         writer.close()
     assert seen == [1]
+
+
+async def test_a_late_report_of_a_closed_connection_leaves_its_successor_on_the_clock() -> None:
+    """TLS reports a connection lost one loop turn after its socket closed; by then a new
+    connection may hold the same descriptor number. The late report must not take the new
+    connection off the clock (it would then never be closed, however long it dawdles)."""
+    guard = ConnectionGuard(4, 0.2)
+    first, first_peer = socket.socketpair()
+    guard.accepted(first)
+    old = guard.entry(first.fileno())
+    assert old is not None
+    number = first.fileno()
+    first.close()  # the descriptor is free; its protocol has not said so yet
+    second, second_peer = socket.socketpair()
+    if second.fileno() != number:
+        os.dup2(second.fileno(), number)  # make the reuse certain
+        second.close()
+        second = socket.socket(fileno=number)
+    guard.accepted(second)
+    try:
+        guard.closed(old)  # the first connection's report arrives now
+        assert guard.entry(number) is not None
+        second_peer.settimeout(2)
+        await asyncio.sleep(0.4)
+        assert second_peer.recv(16) == b""  # the successor's clock ran out: it was closed
+    finally:
+        for sock in (first_peer, second, second_peer):
+            sock.close()

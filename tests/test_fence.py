@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import Target, events, output, processes_with, run, submit, wait_until
+from conftest import Target, events, output, owned_by_role, processes_with, run, submit, wait_until
 
 from shared.walk import canonical_path
 
@@ -197,6 +197,9 @@ def test_fence_env_is_the_allowlist(client: httpx.Client, target: Target) -> Non
 def test_fence_git_hooks_stay_read_only(client: httpx.Client, target: Target) -> None:
     hooks = target.workspace / ".git" / "hooks"
     hooks.mkdir(parents=True, exist_ok=True)
+    # The role's own, as in a workspace it owns: only the mount keeps it from writing there.
+    for directory in (hooks.parent, hooks):
+        owned_by_role(directory, target.settings)
     _, evs = run(client, ["sh", "-c", "echo evil > .git/hooks/pre-commit 2>&1; echo rc=$?"])
     assert "rc=0" not in output(evs)
     assert not (hooks / "pre-commit").exists()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import grp
+import hashlib
 import json
 import os
 import pwd
@@ -25,6 +26,7 @@ import subprocess
 import sysconfig
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -360,6 +362,21 @@ def test_launcher_files_a_turn_creates_are_the_roles(host: Host, client: httpx.C
     assert host.as_server("-c", f"print(open({str(made)!r}).read(), end='')").stdout == "hi\n"
 
 
+def test_launcher_file_operations_act_as_the_role(host: Host, client: httpx.Client) -> None:
+    """A file written or read through /v1/files is the role's doing, through the launcher too."""
+    uid, _ = host.role_ids()
+    data = bytes(range(256)) * 4096
+    path = host.workspace() / "through-the-file-api"
+    query = {"role": "builder", "path": str(path)}
+    written = client.put("/v1/files", params=query, content=data)
+    assert written.status_code == 200, written.text
+    assert written.json()["uid"] == uid == path.stat().st_uid
+    assert client.get("/v1/files", params=query).content == data
+    refused = client.put("/v1/files", params={**query, "path": f"{host.workspace()}/.envrc"})
+    assert refused.status_code == 403
+    assert refused.json()["refusal"]["rule"] == "protected-path"
+
+
 def test_launcher_peer_credentials_on_a_workspace_socket_are_the_roles(
     host: Host, client: httpx.Client
 ) -> None:
@@ -436,6 +453,38 @@ def test_launcher_wall_time_kills_the_turn(host: Host, client: httpx.Client) -> 
     turn, _ = run(client, ["sh", "-c", "sleep 313.5"], limits={"wall_s": 1})
     assert turn.exit_code == 124
     assert wait_until(lambda: not processes_with("sleep", "313.5"))
+
+
+def test_launcher_terminal_turn_gets_its_pty(host: Host, client: httpx.Client) -> None:
+    turn, evs = run(client, ["stty", "size"], tty={"rows": 21, "cols": 77})
+    assert turn.exit_code == 0, evs
+    assert output(evs).strip() == "21 77"
+
+
+def test_launcher_session_runs_as_the_role_and_ends_whole(host: Host, client: httpx.Client) -> None:
+    uid, _ = host.role_ids()
+    marker = "321.5"
+    opened = client.post(
+        "/v1/sessions", json={"role": "builder", "cwd": str(host.workspace())}
+    ).json()
+    assert opened["state"] == "open", opened["refusal"]["detail"]
+    session = opened["session_id"]
+    body = f"export KEPT=yes; sleep {marker} & (sleep 1; echo x > .envrc) &"
+    digest = hashlib.sha256(body.encode()).hexdigest()
+    first = submit(client, script=body, script_sha256=digest, session=session)
+    assert finished(client, first.turn_id).exit_code == 0
+    second = submit(client, argv=["sh", "-c", 'id -u; echo "$KEPT"'], session=session)
+    evs = events(client, second.turn_id)
+    assert output(evs) == f"{uid}\nyes\n", evs
+    assert wait_until(lambda: bool(processes_with("sleep", marker)))
+    assert all(os.stat(f"/proc/{pid}").st_uid == uid for pid in processes_with("sleep", marker))
+    time.sleep(2)  # the background process plants .envrc after the turns' own audits
+    ended = client.delete(f"/v1/sessions/{session}").json()
+    assert ended["state"] == "closed"
+    assert wait_until(lambda: not processes_with("sleep", marker))
+    # The audit at the session's end ran through the launcher, as the role.
+    assert not (host.workspace() / ".envrc").exists()
+    assert list(host.workspace().glob(".envrc.paddock-quarantined-s-*"))
 
 
 def test_launcher_places_the_fence_in_the_servers_cgroup(host: Host, client: httpx.Client) -> None:

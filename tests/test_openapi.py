@@ -18,17 +18,40 @@ from conftest import Target
 from shared.wire import TurnRequest
 
 PROBLEM = {"$ref": "#/components/schemas/Problem"}
+REFUSED_PROBLEM = {"$ref": "#/components/schemas/RefusedProblem"}
+FILE_ROUTES = {
+    ("get", "/v1/files"),
+    ("put", "/v1/files"),
+    ("get", "/v1/archive"),
+    ("put", "/v1/archive"),
+}
+FILE_STATUSES = {403, 404, 408, 409, 413, 507}
+"""What a file route answers with a ``RefusedProblem``: a refusal, or the system's errno."""
 
 ERRORS = {
     ("get", "/v1/health"): set(),
-    ("post", "/v1/turns"): {400, 401, 403, 413, 422, 429, 503},
+    ("post", "/v1/turns"): {400, 401, 403, 404, 409, 413, 422, 429, 503},
     ("get", "/v1/turns"): {401, 422},
     ("get", "/v1/turns/{turn_id}"): {401, 404},
     ("get", "/v1/turns/{turn_id}/events"): {401, 404, 422},
     ("post", "/v1/turns/{turn_id}/signal"): {400, 401, 404, 409, 413, 422},
     ("post", "/v1/turns/{turn_id}/stdin"): {401, 404, 409, 413, 422},
+    ("post", "/v1/turns/{turn_id}/resize"): {400, 401, 404, 409, 413, 422},
     ("post", "/v1/plan"): {400, 401, 403, 413, 422},
     ("get", "/v1/roles"): {401},
+    ("get", "/v1/files"): {401, 403, 404, 409, 422, 429, 503},
+    ("put", "/v1/files"): {401, 403, 404, 408, 409, 413, 422, 429, 503, 507},
+    ("get", "/v1/archive"): {401, 403, 404, 409, 422, 429, 503},
+    ("put", "/v1/archive"): {401, 403, 404, 408, 409, 413, 422, 429, 503, 507},
+    ("post", "/v1/leases"): {400, 401, 403, 409, 413, 422, 503},
+    ("get", "/v1/leases"): {401},
+    ("get", "/v1/leases/{lease_id}"): {401, 404},
+    ("post", "/v1/leases/{lease_id}/renew"): {400, 401, 404, 409, 413, 422, 503},
+    ("delete", "/v1/leases/{lease_id}"): {401, 404, 503},
+    ("post", "/v1/sessions"): {400, 401, 403, 413, 422, 429, 503},
+    ("get", "/v1/sessions"): {401, 422},
+    ("get", "/v1/sessions/{session_id}"): {401, 404},
+    ("delete", "/v1/sessions/{session_id}"): {401, 404},
 }
 """Every route and the error statuses it can answer, as the handlers and middleware raise them."""
 
@@ -80,7 +103,9 @@ def test_openapi_documents_each_error_as_a_problem(document: dict[str, Any]) -> 
         assert errors == ERRORS[key], key
         for status in errors:
             content = responses[str(status)]["content"]
-            assert content == {"application/problem+json": {"schema": PROBLEM}}, (key, status)
+            refused = key in FILE_ROUTES and status in FILE_STATUSES
+            schema = REFUSED_PROBLEM if refused else PROBLEM
+            assert content == {"application/problem+json": {"schema": schema}}, (key, status)
     assert "HTTPValidationError" not in document["components"]["schemas"]
 
 
@@ -124,17 +149,51 @@ def test_openapi_stdin_takes_raw_bytes(document: dict[str, Any]) -> None:
     assert set(body["content"]) == {"application/octet-stream"}
 
 
+def test_openapi_file_bodies_are_binary(document: dict[str, Any]) -> None:
+    binary = {"schema": {"type": "string", "format": "binary"}}
+    ops = operations(document)
+    assert ops[("put", "/v1/files")]["requestBody"]["content"] == {
+        "application/octet-stream": binary
+    }
+    assert ops[("put", "/v1/archive")]["requestBody"]["content"] == {"application/x-tar": binary}
+    read = ops[("get", "/v1/files")]["responses"]["200"]["content"]
+    assert read["application/octet-stream"] == binary
+    assert read["application/json"]["schema"] == {"$ref": "#/components/schemas/FileListing"}
+    archive = ops[("get", "/v1/archive")]["responses"]["200"]["content"]
+    assert archive == {"application/x-tar": binary}
+
+
+def test_openapi_file_refusals_carry_the_refusal_schema(document: dict[str, Any]) -> None:
+    refused = document["components"]["schemas"]["RefusedProblem"]["properties"]
+    assert {"$ref": "#/components/schemas/Refusal"} in refused["refusal"]["anyOf"]
+
+
+def test_openapi_new_lease_links_to_its_next_steps(document: dict[str, Any]) -> None:
+    links = operations(document)[("post", "/v1/leases")]["responses"]["201"]["links"]
+    assert set(links) == {"getLease", "renewLease", "releaseLease"}
+    for link in links.values():
+        assert link["parameters"] == {"lease_id": "$response.body#/lease_id"}
+
+
 def test_openapi_new_turn_links_to_its_next_steps(document: dict[str, Any]) -> None:
     links = operations(document)[("post", "/v1/turns")]["responses"]["201"]["links"]
     ids = {op["operationId"] for op in operations(document).values()}
-    assert set(links) == {"getTurn", "turnEvents", "signalTurn", "writeStdin"}
+    assert set(links) == {"getTurn", "turnEvents", "signalTurn", "writeStdin", "resizeTurn"}
     for link in links.values():
         assert link["operationId"] in ids
         assert link["parameters"] == {"turn_id": "$response.body#/turn_id"}
 
 
+def test_openapi_new_session_links_to_its_next_steps(document: dict[str, Any]) -> None:
+    links = operations(document)[("post", "/v1/sessions")]["responses"]["201"]["links"]
+    assert set(links) == {"getSession", "endSession"}
+    for link in links.values():
+        assert link["parameters"] == {"session_id": "$response.body#/session_id"}
+
+
 SCRIPT = "echo hi\n"
 DIGEST = hashlib.sha256(SCRIPT.encode()).hexdigest()
+SESSION = "s-" + "0" * 32
 REQUESTS = [
     {"role": "b", "argv": ["make", "test"]},
     {"role": "b", "argv": ["make", ""]},
@@ -158,6 +217,24 @@ REQUESTS = [
     {"role": "b", "argv": ["make"], "secrets": ["run/key"]},
     {"role": "b", "argv": ["make"], "fs": {"read": ["/data"], "write": ["out"]}},
     {"role": "b", "argv": ["make"], "unknown": 1},
+    {"role": "b", "argv": ["make"], "session": SESSION},
+    {"role": "b", "argv": ["make"], "session": "s-1"},
+    {"role": "b", "argv": ["make"], "session": SESSION, "cwd": "/srv"},
+    {"role": "b", "argv": ["make"], "session": SESSION, "cwd": None, "env": {}},
+    {"role": "b", "argv": ["make"], "session": SESSION, "env": {"A": "1"}},
+    {"role": "b", "argv": ["make"], "session": SESSION, "fs": {"read": [], "write": []}},
+    {"role": "b", "argv": ["make"], "session": SESSION, "fs": {"write": ["/srv"]}},
+    {"role": "b", "argv": ["make"], "session": SESSION, "secrets": ["/k"]},
+    {"role": "b", "argv": ["make"], "session": SESSION, "network": "none"},
+    {"role": "b", "argv": ["make"], "session": SESSION, "network": "host"},
+    {"role": "b", "argv": ["make"], "session": SESSION, "limits": {"wall_s": 3, "output_mb": 1}},
+    {"role": "b", "argv": ["make"], "session": SESSION, "limits": {"memory_mb": 3}},
+    {"role": "b", "argv": ["make"], "session": SESSION, "limits": {"pids": None}},
+    {"role": "b", "argv": ["make"], "session": None, "limits": {"pids": 3}},
+    {"role": "b", "argv": ["make"], "tty": {"rows": 24, "cols": 80}},
+    {"role": "b", "argv": ["make"], "tty": {"rows": 0, "cols": 80}},
+    {"role": "b", "argv": ["make"], "tty": {"rows": 24, "cols": 80, "term": "xterm-256color"}},
+    {"role": "b", "argv": ["make"], "tty": {"rows": 24, "cols": 80, "term": "a b"}},
 ]
 
 

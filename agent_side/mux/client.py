@@ -63,6 +63,8 @@ def wanted(args: argparse.Namespace, environ: Mapping[str, str]) -> bool:
     """Whether this ``paddock run`` goes through the multiplexer."""
     if args.no_mux or args.local or not sys.platform.startswith("linux"):
         return False
+    if getattr(args, "tty", False):
+        return False  # a terminal turn is driven from this process (agent_side.terminal)
     return environ.get(NO_MUX_VARIABLE, "") in ("", "0")
 
 
@@ -100,6 +102,8 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], in_process: Callab
             "write": list(options.write),
             "network": options.network,
             "wall_s": options.wall_s,
+            "lease": options.lease,
+            "session": options.session,
         },
         "stdin": "open" if stdin_open else "closed",
         "stdin_note": forward and not stdin_open and stdin_is_terminal(),

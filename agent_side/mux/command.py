@@ -36,8 +36,18 @@ def add_run_options(run: argparse.ArgumentParser) -> None:
 
 
 def run_handler(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    """``paddock run``: through the multiplexer when wanted and possible, else in-process."""
+    """``paddock run``: through the multiplexer when wanted and possible, else in-process.
+
+    ``-t POOL`` (a pool of stored targets) is run in-process by ``agent_side.pools``.
+    """
     from agent_side.mux import client
+
+    if getattr(args, "target_name", None):
+        from agent_side import pools
+
+        pool = pools.named(args.target_name, environ)
+        if pool is not None:
+            return pools.run_command(args, environ, pool)
 
     def in_process() -> int:
         from agent_side.commands import run_command

@@ -141,6 +141,8 @@ def _request(target: Target, message: Message) -> TurnRequest:
             write=tuple(fields.get("write") or ()),
             network=bool(fields.get("network")),
             wall_s=fields.get("wall_s"),
+            lease=_lease_of(fields.get("lease")),
+            session=fields.get("session"),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise UsageError(f"the multiplexer was sent a malformed turn: {exc}") from exc
@@ -149,6 +151,16 @@ def _request(target: Target, message: Message) -> TurnRequest:
     if message.get("stdin") == "open":
         request = request.model_copy(update={"stdin": "open"})
     return request
+
+
+def _lease_of(sent: object) -> tuple[str, str, int] | None:
+    """The (lease id, seat, generation) a client sent (as a JSON list), or None."""
+    if sent is None:
+        return None
+    if not isinstance(sent, list) or len(sent) != 3:
+        raise UsageError("the multiplexer was sent a malformed lease")
+    lease_id, seat, generation = sent
+    return str(lease_id), str(seat), int(generation)
 
 
 class RelayedSignals(SignalForwarder):

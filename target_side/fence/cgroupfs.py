@@ -12,8 +12,9 @@ from pathlib import Path
 
 CONTROLLERS = ("memory", "pids", "cpu")
 TURN_PREFIX = "paddock-"
-TURN_CGROUP = re.compile(rf"{TURN_PREFIX}(\d+)-t-[0-9a-f]+")
-"""A turn's cgroup: ``paddock-SERVERPID-TURNID``, made below the server's own."""
+TURN_CGROUP = re.compile(rf"{TURN_PREFIX}(\d+)-[ts]-[0-9a-f]+")
+"""A turn's cgroup, ``paddock-SERVERPID-TURNID``, made below the server's own; or a session's
+(``s-``: one cgroup for its whole fence)."""
 V1_USAGE = "cpuacct"
 """cgroup v1 keeps cpu usage in its own controller; joined only to report ``cpu_s``."""
 

@@ -91,8 +91,11 @@ class Identity(Protocol):
         pass_fds: Sequence[int],
         stdin_open: bool,
         limits: TurnLimits | None = None,
+        *,
+        terminal: int | None = None,
     ) -> FenceProcess:
-        """Start ``argv`` as ``ids``; ``limits`` may let it be born inside its cgroups."""
+        """Start ``argv`` as ``ids``; ``limits`` may let it be born inside its cgroups; with
+        ``terminal`` (a pty's other side) as its stdin, stdout and stderr."""
 
     async def prepare_home(self, state_root: Path, role: str, ids: tuple[int, int]) -> str | None:
         """Make or repair the role's home (``fence.home``); a sentence if it was repaired."""
@@ -122,6 +125,8 @@ class InProcess:
         pass_fds: Sequence[int],
         stdin_open: bool,
         limits: TurnLimits | None = None,
+        *,
+        terminal: int | None = None,
     ) -> FenceProcess:
         uid, gid = ids
         prefix: tuple[str, ...] = ()
@@ -130,14 +135,19 @@ class InProcess:
             prefix = as_ids_prefix(uid, gid)
             if not prefix:
                 switch = {"user": uid, "group": gid, "extra_groups": []}
+        stdin: int = subprocess.PIPE if stdin_open else subprocess.DEVNULL
+        stdout: int = subprocess.PIPE
+        stderr: int = subprocess.PIPE
+        if terminal is not None:
+            stdin = stdout = stderr = terminal
         held: list[int] = []
 
         def start() -> subprocess.Popen[bytes]:
             process = subprocess.Popen(
                 [*prefix, *argv],
-                stdin=subprocess.PIPE if stdin_open else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
+                stdin=stdin,
+                stdout=stdout,
+                stderr=stderr,
                 env=BWRAP_ENV,
                 pass_fds=tuple(pass_fds),
                 start_new_session=True,  # a Ctrl-C at the server's terminal is not the turn's
@@ -239,8 +249,11 @@ class LocalProcess:
         if process.stdin is not None:
             transport, protocol = await loop.connect_write_pipe(WriteProtocol, process.stdin)
             this.stdin = asyncio.StreamWriter(transport, protocol, None, loop)
-        readers = []
+        readers: list[asyncio.StreamReader | None] = []
         for pipe in (process.stdout, process.stderr):
+            if pipe is None:  # a terminal turn: its output is the pty's
+                readers.append(None)
+                continue
             reader = asyncio.StreamReader(limit=pipes.READ_BYTES)
             await loop.connect_read_pipe(
                 lambda r=reader: asyncio.StreamReaderProtocol(r),  # type: ignore[misc]

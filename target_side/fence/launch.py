@@ -34,10 +34,10 @@ from target_side.fence import syscall_filter
 from target_side.fence.held import FailureHook, HeldFence, hold_fence, no_failure
 from target_side.fence.identity import BWRAP_ENV, Identity, InProcess
 from target_side.fence.limits import Limiter, TurnLimits
-from target_side.fence.runner import Emit, Gate, RunningTurn
+from target_side.fence.runner import Emit, Gate, RunningTurn, set_terminal_size
 from target_side.policy import refusals
 from target_side.policy.mounts import Mount
-from target_side.policy.plan import SCRIPT_PATH, FencePlan
+from target_side.policy.plan import FencePlan
 
 TRUSTED_BIN_PATH = BWRAP_ENV["PATH"]
 """Where bwrap is looked for: never the server's own $PATH, which the environment could bend."""
@@ -58,10 +58,13 @@ class LaunchFds:
     seccomp: int | None = None
     args: int | None = None
     """bubblewrap's ``--args`` file, made last: it names all the others."""
+    extra: tuple[int, ...] = ()
+    """The caller's own, passed through to the command at the same numbers (a file
+    operation's data pipe); the caller keeps and closes them."""
 
     def passed(self) -> tuple[int, ...]:
         own = (self.args, self.status, self.block, self.gate, self.script, self.seccomp)
-        return (*(fd for fd in own if fd is not None), *self.held.fds())
+        return (*(fd for fd in own if fd is not None), *self.held.fds(), *self.extra)
 
 
 def find_bwrap() -> str:
@@ -128,7 +131,7 @@ def bwrap_options(plan: FencePlan, fds: LaunchFds) -> list[str]:
         "--ro-bind-fd",
         str(fds.held.exe),
         plan.executable.path,
-        *_script_mount(fds),
+        *_script_mount(plan, fds),
         "--chdir",
         plan.cwd,
     ]
@@ -145,8 +148,17 @@ def bwrap_argv(
         "--args",
         str(fds.args),
         "--",
+        *_terminal_prefix(plan),
         *plan.argv,
     ]
+
+
+def _terminal_prefix(plan: FencePlan) -> list[str]:
+    # setsid in the fence: a new session whose controlling terminal is the turn's pty
+    # (stdin), so the line discipline signals the foreground job and job control works.
+    if plan.tty is None or plan.terminal_helper is None:
+        return []
+    return [plan.terminal_helper, "--ctty", "--"]
 
 
 def _namespaces(plan: FencePlan) -> list[str]:
@@ -162,10 +174,23 @@ def _namespaces(plan: FencePlan) -> list[str]:
         "--cap-drop",
         "ALL",
         "--die-with-parent",
-        "--new-session",  # TIOCSTI: no way to push keystrokes into a terminal outside
+        *_session_flags(plan),
         "--hostname",
         "paddock",
     ]
+
+
+def _session_flags(plan: FencePlan) -> list[str]:
+    """A new session for the command: no way to push keystrokes into a terminal outside.
+
+    A terminal turn's helper makes the new session itself, and must not be its
+    leader already (setsid would fork, and the fence would end with its parent):
+    the only terminal it can then reach is the turn's own pty, and the filter
+    still refuses TIOCSTI and TIOCLINUX on it.
+    """
+    if plan.tty is not None and plan.terminal_helper is not None:
+        return []
+    return ["--new-session"]
 
 
 def _environment(plan: FencePlan) -> list[str]:
@@ -213,10 +238,10 @@ def _planned_mounts(plan: FencePlan, held: HeldFence) -> list[str]:
     return argv
 
 
-def _script_mount(fds: LaunchFds) -> list[str]:
+def _script_mount(plan: FencePlan, fds: LaunchFds) -> list[str]:
     if fds.script is None:
         return []
-    return ["--ro-bind-data", str(fds.script), SCRIPT_PATH]
+    return ["--ro-bind-data", str(fds.script), plan.script_path]
 
 
 def memory_file(name: str, data: bytes) -> int:
@@ -262,18 +287,28 @@ async def launch_turn(
     limiter: Limiter,
     inject: FailureHook = no_failure,
     identity: Identity | None = None,
+    extra_fds: tuple[int, ...] = (),
+    kind: type[RunningTurn] = RunningTurn,
 ) -> RunningTurn:
     """Hold every checked path, set up limits and filter, and start bubblewrap as the role.
 
     ``inject`` is called with ``check-to-open`` (before the paths are opened)
     and ``open-to-launch`` (after, just before bubblewrap starts): the seams
     tests use to swap a path. ``identity`` starts it (default: this process,
-    which must be root or the role's uid). Every descriptor is closed here once
-    bubblewrap has its own copies; on any failure nothing is left behind.
+    which must be root or the role's uid). Every descriptor opened here is
+    closed once bubblewrap has its own copies; on any failure nothing is left
+    behind. ``extra_fds`` reach the command at their own numbers, and stay the
+    caller's. ``kind`` is what follows the process (a session's fence speaks
+    frames).
+
+    A terminal turn's stdin, stdout and stderr are one pty: the server keeps
+    its master, the fence gets the other side, which ``setsid --ctty`` makes
+    the command's controlling terminal.
     """
     starter = identity if identity is not None else InProcess()
     opened: list[int] = []
     limits: TurnLimits | None = None
+    master: int | None = None
     try:
         held = hold_fence(plan, inject)
         opened += held.fds()
@@ -289,12 +324,23 @@ async def launch_turn(
             held=held,
             script=_opened(opened, script),
             seccomp=_opened(opened, seccomp),
+            extra=extra_fds,
         )
         fds = replace(fds, args=_opened(opened, args_fd(bwrap_options(plan, fds))))
         inject("open-to-launch")
         argv = bwrap_argv(bwrap, plan, fds, limits.rlimit_prefix(plan.uid))
+        terminal = None
+        if plan.tty is not None:
+            master, terminal = terminal_pair(plan.tty.rows, plan.tty.cols)
+            opened += (master, terminal)
         process = await starter.spawn(
-            plan.role, (plan.uid, plan.gid), argv, fds.passed(), plan.stdin_open, limits
+            plan.role,
+            (plan.uid, plan.gid),
+            argv,
+            fds.passed(),
+            plan.stdin_open,
+            limits,
+            terminal=terminal,
         )
     except (LimitError, LauncherError) as exc:
         _close_all(opened)
@@ -311,11 +357,12 @@ async def launch_turn(
         if limits is not None:
             limits.remove_now()
         raise
-    # The runner keeps the status pipe's read end and the gate's write end; bwrap has the rest.
-    _close_all(fd for fd in opened if fd not in (status_read, block_write))
+    # The runner keeps the status pipe's read end, the gate's write end and the pty's master;
+    # bwrap has the rest.
+    _close_all(fd for fd in opened if fd not in (status_read, block_write, master))
     sources = {fd: m.source for m, fd in zip(plan.mounts, held.mounts, strict=True) if fd}
     sources[held.exe] = plan.executable.path
-    return RunningTurn(
+    return kind(
         process,
         status_read,
         emit,
@@ -323,7 +370,21 @@ async def launch_turn(
         plan.limits.output_mb << 20,
         Gate(block_write, limits),
         lambda tail: explain_setup_failure(tail, sources),
+        terminal=master,
     )
+
+
+def terminal_pair(rows: int, cols: int) -> tuple[int, int]:
+    """A new pty (master, other side) of ``rows`` x ``cols``; never this process's terminal."""
+    master, other = os.openpty()
+    try:
+        set_terminal_size(master, rows, cols)
+        os.set_inheritable(master, False)
+        os.set_inheritable(other, False)
+    except OSError:
+        _close_all((master, other))
+        raise
+    return master, other
 
 
 def _pipe(opened: list[int]) -> tuple[int, int]:

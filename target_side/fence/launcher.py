@@ -59,6 +59,7 @@ import array
 import asyncio
 import contextlib
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -100,7 +101,8 @@ HELPER_TIMEOUT_S = 30.0
 """How long a helper running as a role (audit, signal walk, home mode) may take."""
 SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 """What ``signal`` sends; SIGKILL is ``kill``, which needs no walk."""
-_TURN_ID = re.compile(r"t-[0-9a-f]{1,64}")
+_TURN_ID = re.compile(r"[ts]-[0-9a-f]{1,64}")
+"""A turn's id, or a session's (a session's fence is audited when it ends)."""
 
 
 # --- the wire: length-prefixed JSON frames, descriptors riding on them --------------------
@@ -212,7 +214,12 @@ class Channel:
             if writable
             else (loop.add_reader, loop.remove_reader)
         )
-        add(fd, lambda: ready.done() or ready.set_result(None))
+
+        def wake() -> None:
+            if not ready.done():
+                ready.set_result(None)
+
+        add(fd, wake)
         try:
             await ready
         finally:
@@ -361,7 +368,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _read_until_eof(fd: int, timeout: float) -> bytes:
-    chunks = []
+    chunks: list[bytes] = []
     deadline = time.monotonic() + timeout
     while True:
         left = deadline - time.monotonic()
@@ -475,8 +482,8 @@ class Session:
         if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
             raise LauncherError("argv must be a list of strings")
         program = check_program(argv[0])
-        _check_targets(targets, len(fds))
-        pid = _start(program, argv, targets, fds, uid, gid)
+        places = _check_targets(targets, len(fds))
+        pid = _start(program, argv, places, fds, uid, gid)
         self.child = Child(pid, os.pidfd_open(pid), uid, gid)
         asyncio.get_running_loop().add_reader(self.child.pidfd, self._reap)
         log.info("role %s: started pid %d as uid %d gid %d", role, pid, uid, gid)
@@ -603,7 +610,7 @@ class Session:
         role, uid, gid = self.grants.checked_ids(message)
         turn_id, expected = message.get("turn_id"), message.get("expected")
         if not isinstance(turn_id, str) or not _TURN_ID.fullmatch(turn_id):
-            raise LauncherError(f"turn id {turn_id!r} is not one paddock makes")
+            raise LauncherError(f"turn or session id {turn_id!r} is not one paddock makes")
         if not isinstance(expected, dict):
             raise LauncherError("expected must map paths to link targets or null")
         workspaces = self.grants.workspaces(role)
@@ -617,7 +624,8 @@ class Session:
         return {"moved": moved}
 
 
-def _check_targets(targets: object, count: int) -> None:
+def _check_targets(targets: object, count: int) -> list[int]:
+    """The numbers the sent descriptors must have in the child, once checked."""
     if (
         not isinstance(targets, list)
         or len(targets) != count
@@ -629,6 +637,7 @@ def _check_targets(targets: object, count: int) -> None:
             "fds must give a distinct number below 65536 for each descriptor sent, 0, 1 and 2 "
             "among them"
         )
+    return list(targets)
 
 
 def _said(exc: BaseException) -> str:
@@ -795,7 +804,7 @@ async def _accept(listener: socket.socket, grants: Grants, sessions: set[Session
         session = Session(channel, grants)
         sessions.add(session)
         task = loop.create_task(session.run())
-        task.add_done_callback(lambda _, s=session: sessions.discard(s))
+        task.add_done_callback(functools.partial(_forget, sessions, session))
 
 
 async def _refuse(channel: Channel, uid: int, server: int) -> None:
@@ -826,3 +835,7 @@ def main(config: Path) -> int:
         print(f"paddock-target launcher: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _forget(sessions: set[Session], session: Session, _task: object) -> None:
+    sessions.discard(session)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import socket
 from collections import deque
@@ -87,19 +88,24 @@ class ViaLauncher:
         pass_fds: Sequence[int],
         stdin_open: bool,
         limits: TurnLimits | None = None,
+        *,
+        terminal: int | None = None,
     ) -> LaunchedProcess:
         # ``limits``: placed by the launcher once the fence is up (``adopt``), never born inside.
         theirs: list[int] = []
         ours: list[int] = []
         channel: Channel | None = None
         try:
-            if stdin_open:
+            if terminal is not None:
+                # The pty's other side as stdin, stdout and stderr; its master stays here.
+                theirs += [os.dup(terminal) for _ in range(3)]
+            elif stdin_open:
                 stdin_read, stdin_write = os.pipe()
                 theirs.append(stdin_read)
                 ours.append(stdin_write)
             else:
                 theirs.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
-            for _ in ("stdout", "stderr"):
+            for _ in ("stdout", "stderr") if terminal is None else ():
                 read, write = os.pipe()
                 pipes.widen(read)
                 theirs.append(write)
@@ -115,7 +121,7 @@ class ViaLauncher:
             if "error" in reply:
                 raise LauncherError(f"the launcher refused: {reply['error']}")
             process = LaunchedProcess(channel, int(reply["pid"]))
-            await process.connect_pipes(ours, stdin_open)
+            await process.connect_pipes(ours, stdin_open and terminal is None)
         except BaseException as exc:
             close_all(ours)
             if channel is not None:
@@ -176,10 +182,11 @@ class LaunchedProcess:
         for fd in ours:
             reader = asyncio.StreamReader(limit=pipes.READ_BYTES)
             await loop.connect_read_pipe(
-                lambda r=reader: asyncio.StreamReaderProtocol(r), os.fdopen(fd, "rb", 0)
+                functools.partial(asyncio.StreamReaderProtocol, reader), os.fdopen(fd, "rb", 0)
             )
             readers.append(reader)
-        self.stdout, self.stderr = readers
+        if readers:  # none for a terminal turn: its output is the pty's
+            self.stdout, self.stderr = readers
 
     async def _read(self) -> None:
         try:

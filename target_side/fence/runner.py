@@ -18,9 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import fcntl
 import json
 import os
 import signal
+import struct
+import termios
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -94,6 +98,44 @@ def whole_characters(data: bytes) -> int:
     return end
 
 
+class WholeCharacters:
+    """A byte stream cut where reads cut it, but never inside a UTF-8 character.
+
+    What ``feed`` returns is raw output for one event; the bytes of a character
+    a read split are held for the next feed (``rest`` gives them at the end).
+    """
+
+    def __init__(self) -> None:
+        self._held = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = self._held + chunk
+        cut = whole_characters(data)
+        self._held = data[cut:]
+        return data[:cut]
+
+    def rest(self) -> bytes:
+        held, self._held = self._held, b""
+        return held
+
+
+def set_terminal_size(master: int, rows: int, cols: int) -> None:
+    """A pty's window size; the kernel tells its foreground job (SIGWINCH)."""
+    fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+class _TerminalProtocol(asyncio.StreamReaderProtocol):
+    """A pty master's reader: EIO (its other side is closed, every byte read) is its end.
+
+    As an error, it would make the stream drop what it still buffers.
+    """
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if isinstance(exc, OSError) and exc.errno == errno.EIO:
+            exc = None
+        super().connection_lost(exc)
+
+
 class RunningTurn:
     """One launched bubblewrap process and the fence inside it."""
 
@@ -106,8 +148,13 @@ class RunningTurn:
         output_bytes: int,
         gate: Gate | None = None,
         explain_setup_failure: Callable[[bytes], Refusal] | None = None,
+        *,
+        terminal: int | None = None,
     ) -> None:
         self._proc = proc
+        self._terminal = terminal
+        """A terminal turn's pty master: its output and its keystrokes (the runner's to close)."""
+        self._keys: asyncio.StreamWriter | None = None
         self._explain = explain_setup_failure
         self._gate = gate
         self._limit_failure: str | None = None
@@ -126,7 +173,9 @@ class RunningTurn:
     async def wait(self) -> Outcome:
         """Stream output until the turn ends (or its wall time runs out), then say how it ended."""
         pumps = asyncio.gather(
-            self._pump(self._proc.stdout, "stdout"), self._pump(self._proc.stderr, "stderr")
+            self._pump(self._proc.stdout, "stdout"),
+            self._pump(self._proc.stderr, "stderr"),
+            self._pump(await self._terminal_output(), "stdout"),
         )
         try:
             await asyncio.wait_for(asyncio.shield(self._proc.wait()), self._wall_s)
@@ -142,6 +191,7 @@ class RunningTurn:
             await self._status_task
         finally:
             self._close_gate()
+            self._close_terminal()
             self._proc.release()
             usage = self._read_usage()
         outcome = self._outcome(self._proc.returncode or 0)
@@ -182,23 +232,11 @@ class RunningTurn:
 
     def _outcome(self, returncode: int) -> Outcome:
         wall = round(time.monotonic() - self._started_at, 6)
-        if self._spool_failure is not None:
+        failure = self._spool_failure or self._proc.lost
+        if failure is not None:
+            # The target lost the output's spool, or the process with its launcher.
             return Outcome(
-                ExitStatus.PADDOCK_FAILED,
-                None,
-                None,
-                wall,
-                self._truncated,
-                failure=self._spool_failure,
-            )
-        if self._proc.lost is not None:
-            return Outcome(
-                ExitStatus.PADDOCK_FAILED,
-                None,
-                None,
-                wall,
-                self._truncated,
-                failure=self._proc.lost,
+                ExitStatus.PADDOCK_FAILED, None, None, wall, self._truncated, failure=failure
             )
         if self._limit_failure is not None:
             refusal = refusals.backend_unavailable(self._limit_failure).refusal
@@ -224,17 +262,38 @@ class RunningTurn:
         """The stream's bytes as output events, as read: never decoded, escaped or encoded."""
         if stream is None:
             return
-        held = b""
+        whole = WholeCharacters()
         while chunk := await stream.read(pipes.READ_BYTES):
             if kind == "stderr":
                 self._stderr_tail = (self._stderr_tail + chunk)[-STDERR_TAIL:]
-            data = held + self._within_output_limit(chunk)
-            cut = whole_characters(data)
-            held = data[cut:]
-            if cut:
-                self._emit(kind, raw=data[:cut])
-        if held:
-            self._emit(kind, raw=held)
+            if data := whole.feed(self._within_output_limit(chunk)):
+                self._emit(kind, raw=data)
+        if rest := whole.rest():
+            self._emit(kind, raw=rest)
+
+    async def _terminal_output(self) -> asyncio.StreamReader | None:
+        """The pty master as a stream (its keystrokes' writer alongside), for a terminal turn."""
+        if self._terminal is None:
+            return None
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=pipes.READ_BYTES)
+        await loop.connect_read_pipe(
+            lambda: _TerminalProtocol(reader), os.fdopen(os.dup(self._terminal), "rb", 0)
+        )
+        transport, protocol = await loop.connect_write_pipe(
+            asyncio.streams.FlowControlMixin, os.fdopen(os.dup(self._terminal), "wb", 0)
+        )
+        self._keys = asyncio.StreamWriter(transport, protocol, None, loop)
+        return reader
+
+    def _close_terminal(self) -> None:
+        if self._keys is not None:
+            self._keys.close()
+            self._keys = None
+        if self._terminal is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._terminal)
+            self._terminal = None
 
     def _within_output_limit(self, chunk: bytes) -> bytes:
         if self._output_left >= len(chunk):
@@ -326,11 +385,20 @@ class RunningTurn:
         self._proc.kill()
 
     async def write_stdin(self, data: bytes, eof: bool) -> None:
-        stdin = self._proc.stdin
+        """Bytes for the turn's stdin; a terminal turn's are keystrokes (eof is ^D there)."""
+        stdin = self._keys if self._terminal is not None else self._proc.stdin
         if stdin is None or stdin.is_closing():
             raise BrokenPipeError("the turn's stdin is closed")
+        if self._terminal is not None and eof:
+            data, eof = data + b"\x04", False
         if data:
             stdin.write(data)
             await stdin.drain()
         if eof:
             stdin.close()
+
+    def resize(self, rows: int, cols: int) -> None:
+        """A terminal turn's new window size (its foreground job is sent SIGWINCH)."""
+        if self._terminal is None:
+            raise BrokenPipeError("the turn has no terminal")
+        set_terminal_size(self._terminal, rows, cols)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from shared.wire import LeaseRef
 from target_side.policy import refusals
 
 FENCE_LOCALE = "C.UTF-8"
@@ -34,8 +35,13 @@ def build_env(
     user: str,
     turn_id: str,
     server_env: Mapping[str, str],
+    lease: LeaseRef | None = None,
 ) -> dict[str, str]:
-    """The turn's environment: fixed names, the declared ones, then the turn id."""
+    """The turn's environment: fixed names, the declared ones, then what the target sets.
+
+    ``lease`` is the one the turn runs under, already found current: the turn
+    sees its seat and generation (its fencing token), never its id.
+    """
     _check_declared(declared)
     env = {
         "PATH": fence_path,
@@ -52,6 +58,9 @@ def build_env(
     env |= {name: server_env[name] for name in INHERITED_ENV if name in server_env}
     env |= declared
     env["PADDOCK_TURN_ID"] = turn_id
+    if lease is not None:
+        env["PADDOCK_LEASE_SEAT"] = lease.seat
+        env["PADDOCK_LEASE_GENERATION"] = str(lease.generation)
     return env
 
 

@@ -15,18 +15,28 @@ import pwd
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from shared.wire import Executable, Limits, PlannedLimits, TurnRequest
+from shared.wire import Executable, Limits, PlannedLimits, Tty, TurnRequest
 from target_side.config import RoleConfig, RoleLimits, Settings
+from target_side.errors import RefusedError
 from target_side.policy import managed, refusals
 from target_side.policy.environment import build_env
 from target_side.policy.executables import resolve_executable
 from target_side.policy.forbidden import forbidden_for, home_place
 from target_side.policy.mounts import Mount, MountPlanner, identity
 from target_side.policy.paths import resolve
-from target_side.policy.protect import PROTECTED_NAMES, scan
+from target_side.policy.protect import (
+    PROTECTED_NAMES,
+    Protection,
+    protected_member_holding,
+    scan,
+)
 
 SCRIPT_PATH = "/run/paddock/turn.sh"
 """Where a script turn's body appears inside the fence (a read-only copy made by bubblewrap)."""
+TERMINAL_HELPER = "setsid"
+"""util-linux ``setsid``: gives a terminal turn's command its pty as controlling terminal."""
+DEFAULT_TERM = "xterm-256color"
+"""TERM for a terminal turn that names none, on a target that has none of its own."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +60,12 @@ class FencePlan:
     audit: Mapping[str, str | None] = field(default_factory=dict)
     """Protected paths that cannot be mounted over: each must be as it was after the turn."""
     script: bytes | None = None
+    script_path: str = SCRIPT_PATH
+    """Where ``script`` appears inside the fence."""
+    tty: Tty | None = None
+    """The terminal the command runs on, if it asked for one."""
+    terminal_helper: str | None = None
+    """With ``tty``: the checked ``setsid`` that makes the pty the command's terminal."""
 
 
 def plan_turn(
@@ -88,7 +104,7 @@ def plan_turn(
         if problem is not None:
             raise refusals.bad_managed_entry(entry.subject, entry.source, problem)
         planner.existing("ro", entry.source, entry.subject, dest=posixpath.join(home, entry.place))
-    audit = _protect(planner, settings)
+    audit = protect_writable(planner, settings)
     env = build_env(
         request.env,
         fence_path=settings.fence.path,
@@ -96,11 +112,17 @@ def plan_turn(
         user=_user_name(uid, request.role),
         turn_id=turn_id,
         server_env=server_env,
+        lease=request.lease,
     )
     script = _script_body(request)
     program = "bash" if script is not None else (request.argv or [""])[0]
     exe_path, executable = resolve_executable(program, env["PATH"], cwd, planner.mounts, uid)
     args = [SCRIPT_PATH] if script is not None else list((request.argv or [])[1:])
+    helper = None
+    if request.tty is not None:
+        helper = _terminal_helper(env["PATH"], cwd, planner.mounts, uid)
+        if "TERM" not in request.env:
+            env["TERM"] = request.tty.term or env.get("TERM") or DEFAULT_TERM
     return FencePlan(
         turn_id=turn_id,
         role=request.role,
@@ -117,7 +139,18 @@ def plan_turn(
         stdin_open=request.stdin == "open",
         audit=audit,
         script=script,
+        tty=request.tty,
+        terminal_helper=helper,
     )
+
+
+def _terminal_helper(search_path: str, cwd: str, mounts: list[Mount], uid: int) -> str:
+    """``setsid`` as the fence finds it, under the rules a turn's own program meets."""
+    try:
+        found, _ = resolve_executable(TERMINAL_HELPER, search_path, cwd, mounts, uid)
+    except RefusedError as exc:
+        raise refusals.no_terminal(TERMINAL_HELPER, exc.refusal.detail) from exc
+    return found
 
 
 def effective_limits(asked: Limits, maxima: RoleLimits) -> PlannedLimits:
@@ -138,6 +171,12 @@ def host_ids(settings: Settings, role: str) -> tuple[int, int]:
     that for a private target (``[fence] identity = "server"``).
     """
     if settings.fence.identity == "server":
+        if os.getuid() == 0:
+            raise refusals.identity_unavailable(
+                role,
+                'identity = "server" would run it as root; a server running as root gives '
+                "every role its own uid: remove the key",
+            )
         return os.getuid(), os.getgid()
     uid, gid = settings.role_ids(role)
     if uid == os.getuid():
@@ -160,14 +199,28 @@ def _network(request: TurnRequest, role: RoleConfig) -> bool:
     return request.network == "host"
 
 
-def _protect(planner: MountPlanner, settings: Settings) -> dict[str, str | None]:
+def protected_names(settings: Settings) -> tuple[str, ...]:
+    """The built-in protected names, then the operator's ``[fence] protect``."""
+    return tuple(dict.fromkeys((*PROTECTED_NAMES, *settings.fence.protect)))
+
+
+def protect_writable(planner: MountPlanner, settings: Settings) -> dict[str, str | None]:
     """Keep what runs later outside a fence read-only in every writable mount (``protect``)."""
     writable = [(m.subject, m.source) for m in planner.mounts if m.kind == "rw"]
-    names = tuple(dict.fromkeys((*PROTECTED_NAMES, *settings.fence.protect)))
+    for subject, root in writable:
+        member = protected_member_holding(root)
+        if member is not None and subject != "roles.home":
+            raise refusals.protected_mount(subject, root, root, member)
+    names = protected_names(settings)
     # The role's home is only ever used inside fences: its rc files are its own business.
     found = scan(
         [(s, root) for s, root in writable if s != "roles.home"], names, settings.fence.scan_limit
     )
+    return protect_found(planner, found)
+
+
+def protect_found(planner: MountPlanner, found: Protection) -> dict[str, str | None]:
+    """Mount what a scan found protected over itself; returns the paths to audit afterwards."""
     for git_dir in found.git_dirs:
         # Onto itself: a mount point cannot be renamed away or replaced.
         planner.mounts.append(Mount("rw", git_dir, git_dir, "fence.git", *identity(git_dir)))

@@ -96,6 +96,75 @@ def scan(roots: Iterable[tuple[str, str]], names: tuple[str, ...], limit: int) -
     return found
 
 
+def scan_entries(root: str, names: tuple[str, ...]) -> Protection:
+    """Protect the direct entries of ``root`` only: for a mount in which the target itself
+    writes exactly one name it has checked (a file operation), not the turn's every reach."""
+    found = Protection()
+    for name in names:
+        _expect_unchanged(posixpath.join(root, name), found)
+    try:
+        with os.scandir(root) as listing:
+            entries = list(listing)
+    except OSError as exc:
+        raise refusals.bad_mount(
+            "fence.protect", root, root, f"cannot be searched: {exc.strerror}"
+        ) from exc
+    _classify(root, entries, frozenset(names), names, found, set())
+    return found
+
+
+def git_dir_above(path: str) -> str | None:
+    """The nearest git directory that is canonical ``path`` or holds it, if any.
+
+    A directory named ``.git``, or one git would take for a bare repository.
+    Only looks, never follows a symlink.
+    """
+    directory = path
+    while True:
+        if posixpath.basename(directory) == ".git" and _is_dir(directory):
+            return directory
+        if _looks_bare_at(directory):
+            return directory
+        if directory == "/":
+            return None
+        directory = posixpath.dirname(directory)
+
+
+def protected_member_holding(path: str) -> str | None:
+    """The git member (hooks, config, ...) that canonical ``path`` is or lies inside, if any.
+
+    A writable mount there would make that member writable: the scan below a
+    mount never looks up, so this does.
+    """
+    git_dir = git_dir_above(path)
+    while git_dir is not None:
+        for member in GIT_MEMBERS:
+            inner = posixpath.join(git_dir, member)
+            if path == inner or path.startswith(inner + "/"):
+                return inner
+        parent = posixpath.dirname(git_dir)
+        git_dir = None if parent == git_dir else git_dir_above(parent)
+    return None
+
+
+def _is_dir(path: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _looks_bare_at(directory: str) -> bool:
+    """``_looks_bare`` by path: HEAD a file, objects and refs directories (none a symlink)."""
+    try:
+        head = os.lstat(posixpath.join(directory, "HEAD")).st_mode
+        objects = os.lstat(posixpath.join(directory, "objects")).st_mode
+        refs = os.lstat(posixpath.join(directory, "refs")).st_mode
+    except OSError:
+        return False
+    return stat.S_ISREG(head) and stat.S_ISDIR(objects) and stat.S_ISDIR(refs)
+
+
 def _expect_unchanged(path: str, found: Protection) -> None:
     """Audit ``path`` if it is absent or a symlink: those cannot be mounted over."""
     try:
@@ -103,6 +172,10 @@ def _expect_unchanged(path: str, found: Protection) -> None:
     except FileNotFoundError:
         found.audit[path] = None
         return
+    except OSError as exc:
+        raise refusals.bad_mount(
+            "fence.protect", path, path, f"cannot be examined: {exc.strerror}"
+        ) from exc
     if stat.S_ISLNK(st.st_mode):
         found.audit[path] = os.readlink(path)
 
@@ -190,5 +263,10 @@ def _nested_git_dirs(container: str, found: Protection, seen: set[str]) -> None:
             children = [e.path for e in listing if e.is_dir(follow_symlinks=False)]
     except (FileNotFoundError, NotADirectoryError):
         return
+    except OSError as exc:
+        # Made unreadable to the server by the role itself: never a reason to protect less.
+        raise refusals.bad_mount(
+            "fence.protect", container, container, f"cannot be searched: {exc.strerror}"
+        ) from exc
     for child in children:
         _git_dir(child, found, seen)

@@ -7,7 +7,7 @@ same wherever it is detected, and a grep for the rule name finds one place.
 from __future__ import annotations
 
 from shared.wire import Refusal
-from target_side.errors import RefusedError
+from target_side.errors import MissingPath, RefusedError
 from target_side.policy.forbidden import Collision
 
 _CONFLICT_WORDS = {
@@ -55,6 +55,62 @@ def outside_workspace(
 
 def bad_mount(subject: str, given: str, resolved: str, why: str) -> RefusedError:
     return _refused("bad-mount", subject, given, resolved, f"{resolved} {why}")
+
+
+def missing_path(subject: str, given: str, resolved: str, what: str = "") -> RefusedError:
+    refused = bad_mount(subject, given, resolved, f"does not exist on the target{what}")
+    return MissingPath(refused.refusal)
+
+
+def protected_path(subject: str, given: str, resolved: str | None, why: str) -> RefusedError:
+    return _refused(
+        "protected-path",
+        subject,
+        given,
+        resolved,
+        f"{resolved or given} {why}, which runs later outside any fence, so no file operation "
+        "writes it; change it with a turn if you must (where it stays read-only or is audited), "
+        "or leave it out",
+    )
+
+
+def protected_mount(subject: str, given: str, resolved: str, member: str) -> RefusedError:
+    return _refused(
+        "protected-path",
+        subject,
+        given,
+        resolved,
+        f"{resolved} {'is' if resolved == member else 'lies inside'} {member}, which stays "
+        "read-only in every writable mount (it runs later, outside any fence); ask for a "
+        "directory outside it",
+    )
+
+
+def bad_archive(member: str | None, why: str) -> RefusedError:
+    where = f"member {member!r}" if member else "the archive"
+    return _refused(
+        "bad-archive",
+        "archive",
+        member,
+        None,
+        f"{where} {why}; nothing was extracted. Send a tar whose members are plain files, "
+        "directories and links that stay inside the directory",
+    )
+
+
+def file_too_large(subject: str, given: str, size: int, limit_mb: int, role: str) -> RefusedError:
+    return _refused(
+        "limit-exceeds-role",
+        "limits.file_mb",
+        given,
+        None,
+        f"{subject} is {_mib(size)}, above role {role!r}'s file_mb of {limit_mb} MiB; "
+        "move less at once, or have the operator raise [roles.NAME.limits] file_mb",
+    )
+
+
+def _mib(size: int) -> str:
+    return f"{size} bytes" if size < 1 << 20 else f"{size / (1 << 20):.1f} MiB"
 
 
 def unreachable_for_role(
@@ -189,8 +245,42 @@ def limit_exceeds_role(name: str, asked: float, maximum: float) -> RefusedError:
     )
 
 
+def limit_exceeds_session(name: str, asked: float, maximum: float) -> RefusedError:
+    return _refused(
+        "limit-exceeds-role",
+        f"limits.{name}",
+        None,
+        None,
+        f"limits.{name} = {asked:g} is above its session's {maximum:g} (set when the session "
+        "was started); ask for at most that, or start a session with more",
+    )
+
+
 def identity_unavailable(role: str, detail: str) -> RefusedError:
     return _refused("backend-unavailable", "role", None, None, f"role {role!r}: {detail}")
+
+
+def no_terminal(helper: str, why: str) -> RefusedError:
+    return _refused(
+        "backend-unavailable",
+        "tty",
+        helper,
+        None,
+        f"a terminal turn needs util-linux {helper} inside the fence, and: {why}; install "
+        "util-linux on the target, or run the turn without a terminal",
+    )
+
+
+def no_session_host(program: str, why: str) -> RefusedError:
+    return _refused(
+        "backend-unavailable",
+        "session",
+        program,
+        None,
+        f"a session needs the fence's {program} (its host runs in python3, its shell is bash), "
+        f"and: {why}; install {program} on the target (in a directory of [fence] path), or run "
+        "turns without a session",
+    )
 
 
 def backend_unavailable(detail: str) -> RefusedError:
@@ -210,6 +300,11 @@ def path_changed(
         f"{what} changed between the check and the mount ({how}); "
         "retry, and find out what is rewriting it",
     )
+
+
+def stale_lease(subject: str, detail: str) -> RefusedError:
+    """The lease named is not its seat's current, held generation (or none was named)."""
+    return _refused("stale-lease", subject, None, None, detail)
 
 
 def _refused(

@@ -34,31 +34,41 @@ from shared.wire import (
     PlanResult,
     Problem,
     ProblemField,
+    Resize,
     RoleList,
+    Session,
+    SessionRequest,
     SignalRequest,
     Turn,
     TurnRequest,
+    is_session_id,
     is_turn_id,
 )
 from target_side.config import Settings
 from target_side.errors import (
     AuthError,
     BackendError,
+    NoTerminal,
     RefusedError,
     RoleNotHeld,
+    SessionBusy,
+    SessionEnded,
     StdinClosed,
     TargetUnavailable,
     TurnCapReached,
     TurnNotRunning,
+    UnknownSession,
     UnknownTurn,
 )
 from target_side.fence import syscall_filter
 from target_side.fence.held import FailureHook, no_failure
 from target_side.fence.launch import probe
 from target_side.policy.plan import host_ids
+from target_side.service import files
 from target_side.service.auth import TokenRoles, require_role
 from target_side.service.body_limit import BodyLimit
 from target_side.service.health import HealthBoard
+from target_side.service.lease_routes import install_lease_routes
 from target_side.service.openapi import (
     API_VERSION,
     BEARER,
@@ -67,12 +77,18 @@ from target_side.service.openapi import (
     MAX_BODY,
     PROBLEM_JSON,
     RAW_BYTES,
+    RESIZE_409,
+    SESSION_LINKS,
     TITLE,
+    TURN_409,
     TURN_LINKS,
+    UNKNOWN_SESSION,
+    SessionId,
     TurnId,
     errors,
     openapi,
 )
+from target_side.service.sessions import SessionRecord
 from target_side.service.state_lock import StateLock
 from target_side.service.turns import TurnManager, TurnRecord
 from target_side.tools import config_file
@@ -91,6 +107,7 @@ def create_app(
     """
     board = HealthBoard("bubblewrap")
     manager = TurnManager(settings, board, inject, state_lock)
+    file_service = files.FileService(manager)
     tokens = TokenRoles(settings)
 
     @asynccontextmanager
@@ -102,6 +119,7 @@ def create_app(
         sweeper = asyncio.create_task(_sweep_forever(manager))
         yield
         sweeper.cancel()
+        await file_service.stop()
         await manager.shutdown()
 
     # FastAPIOffline: FastAPI's own Swagger UI page, its scripts served from the package.
@@ -133,6 +151,21 @@ def create_app(
 
     Visible = Annotated[TurnRecord, Depends(visible_turn)]
 
+    def visible_session(session_id: SessionId, roles: Roles) -> SessionRecord:
+        if not is_session_id(session_id):
+            raise UnknownSession(f"{session_id!r} is not a session id (s- and 32 hex digits)")
+        return manager.sessions.get(session_id, roles)
+
+    VisibleSession = Annotated[SessionRecord, Depends(visible_session)]
+    IdempotencyKey = Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            max_length=200,
+            description="a retried POST with the same key (and role) returns the same one",
+        ),
+    ]
+
     @app.get("/v1/health", operation_id="health", summary="The target's health")
     async def health() -> Health:
         """Whether the target is armed, and every active cause if it is degraded. No token."""
@@ -146,23 +179,27 @@ def create_app(
         response_description="The new turn: running, or already refused",
         responses={
             201: {"links": TURN_LINKS},
-            **errors(400, 401, 403, 413, 422, 429, 503),
+            **errors(
+                400,
+                401,
+                403,
+                404,
+                409,
+                413,
+                422,
+                429,
+                503,
+                say={404: UNKNOWN_SESSION + " (with `session`)", 409: TURN_409},
+            ),
         },
     )
     async def submit(
-        request: TurnRequest,
-        roles: Roles,
-        idempotency_key: Annotated[
-            str | None,
-            Header(
-                alias="Idempotency-Key",
-                max_length=200,
-                description="a retried POST with the same key (and role) returns the same turn",
-            ),
-        ] = None,
+        request: TurnRequest, roles: Roles, idempotency_key: IdempotencyKey = None
     ) -> Turn:
-        """Start a turn. A refused turn is a turn too (201, state ``refused``)."""
+        """Start a turn (in a session's shell with ``session``). A refused turn is a turn too."""
         require_role(roles, request.role)
+        if request.session is not None:
+            return await manager.sessions.submit_turn(request, idempotency_key)
         return await manager.submit(request, idempotency_key)
 
     @app.get(
@@ -240,6 +277,69 @@ def create_app(
         return record.turn
 
     @app.post(
+        "/v1/turns/{turn_id}/resize",
+        status_code=202,
+        operation_id="resizeTurn",
+        summary="Resize a turn's terminal",
+        responses=errors(400, 401, 404, 409, 413, 422, say={409: RESIZE_409}),
+    )
+    async def resize(body: Resize, record: Visible) -> Turn:
+        """Set the size of a terminal turn's terminal; its foreground job is told (SIGWINCH)."""
+        manager.resize(record, body.rows, body.cols)
+        return record.turn
+
+    @app.post(
+        "/v1/sessions",
+        status_code=201,
+        operation_id="startSession",
+        summary="Start a session",
+        response_description="The new session: open (its shell is ready), or refused",
+        responses={
+            201: {"links": SESSION_LINKS},
+            **errors(400, 401, 403, 413, 422, 429, 503),
+        },
+    )
+    async def start_session(
+        request: SessionRequest, roles: Roles, idempotency_key: IdempotencyKey = None
+    ) -> Session:
+        """Start a session: one fence and one shell for the turns that name it."""
+        require_role(roles, request.role)
+        return await manager.sessions.create(request, idempotency_key)
+
+    @app.get(
+        "/v1/sessions",
+        operation_id="listSessions",
+        summary="Sessions",
+        responses=errors(401, 422),
+    )
+    async def list_sessions(
+        roles: Roles,
+        limit: Annotated[int, Query(ge=1, le=1000, description="at most this many")] = 50,
+    ) -> list[Session]:
+        """The newest sessions of the token's roles, newest first."""
+        return manager.sessions.listed(roles, limit)
+
+    @app.get(
+        "/v1/sessions/{session_id}",
+        operation_id="getSession",
+        summary="A session",
+        responses=errors(401, 404, say={404: UNKNOWN_SESSION}),
+    )
+    async def get_session(record: VisibleSession) -> Session:
+        """The session as the target knows it now."""
+        return record.session
+
+    @app.delete(
+        "/v1/sessions/{session_id}",
+        operation_id="endSession",
+        summary="End a session",
+        responses=errors(401, 404, say={404: UNKNOWN_SESSION}),
+    )
+    async def end_session(record: VisibleSession) -> Session:
+        """End the session: everything in it is killed, its scratch goes with it."""
+        return await manager.sessions.end(record)
+
+    @app.post(
         "/v1/plan",
         operation_id="planTurn",
         summary="Plan a turn (dry run)",
@@ -267,6 +367,8 @@ def create_app(
         """The newest turns of the token's roles, newest first."""
         return await manager.recent(roles, limit)
 
+    files.install(app, file_service, Roles)
+    install_lease_routes(app, manager.leases, caller_roles, _problem)
     return app
 
 
@@ -446,6 +548,23 @@ def _install_problem_handlers(app: FastAPI) -> None:
     @app.exception_handler(UnknownTurn)
     async def unknown(_request: Request, exc: UnknownTurn) -> JSONResponse:
         return _problem(404, "Unknown turn", str(exc))
+
+    @app.exception_handler(UnknownSession)
+    async def unknown_session(_request: Request, exc: UnknownSession) -> JSONResponse:
+        return _problem(404, "Unknown session", str(exc))
+
+    @app.exception_handler(SessionBusy)
+    async def session_busy(_request: Request, exc: SessionBusy) -> JSONResponse:
+        extra = {"turn_id": exc.turn_id} if exc.turn_id else {}
+        return _problem(409, "Session busy", str(exc), **extra)
+
+    @app.exception_handler(SessionEnded)
+    async def session_ended(_request: Request, exc: SessionEnded) -> JSONResponse:
+        return _problem(409, "Session has ended", str(exc))
+
+    @app.exception_handler(NoTerminal)
+    async def no_terminal(_request: Request, exc: NoTerminal) -> JSONResponse:
+        return _problem(409, "Turn has no terminal", str(exc))
 
     @app.exception_handler(TurnNotRunning)
     async def ended(_request: Request, exc: TurnNotRunning) -> JSONResponse:

@@ -1,10 +1,17 @@
-"""An ASGI middleware that refuses request bodies over a size limit before anything parses them."""
+"""An ASGI middleware that refuses request bodies over a size limit before anything parses them.
+
+Routes in ``STREAMED`` take bodies larger than that (file uploads) and bound them
+themselves, by the role's own limit, once they know the role.
+"""
 
 from __future__ import annotations
 
 import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+STREAMED = frozenset({("PUT", "/v1/files"), ("PUT", "/v1/archive")})
+"""Method and path of the routes that stream their bodies and bound them themselves."""
 
 
 class BodyLimit:
@@ -15,7 +22,7 @@ class BodyLimit:
         self.max_bytes = max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or (scope["method"], scope["path"]) in STREAMED:
             await self.app(scope, receive, send)
             return
         declared = dict(scope["headers"]).get(b"content-length")

@@ -8,6 +8,9 @@ server has, and ``/v1/health`` with them. So:
 - every accepted connection has ``request_timeout_s`` to deliver a whole
   request (TLS handshake, head and body); one that has not is closed. The clock
   starts again after each response on a kept-alive connection;
+- a route that reads a long body at its own pace (a file upload) marks its
+  request ``STREAMING`` while it reads; the clock stops, and the route bounds
+  the body itself (idle time between chunks, the role's limits);
 - at most ``max_connections`` are open. The one past it closes the *oldest*
   connection still sending its request, so a client with a real request gets
   in however many half-sent ones are queued; only if every connection is busy
@@ -39,12 +42,16 @@ log = logging.getLogger("paddock.target.connections")
 WRITE_BUFFER_BYTES = 4 << 20
 """What a connection may have queued for the network before the stream writing it waits."""
 
+STREAMING = "paddock.streaming_body"
+"""The key a route sets (true) in its request's scope while it streams the body in itself."""
+
 FD_RESERVE = 256
 """Descriptors kept for everything but client connections: turns' pipes, spools, the ledger."""
 
 
 @dataclass
 class _Open:
+    fd: int
     sock: socket.socket
     busy: bool = False
     """A whole request is in and its response not yet done: not evicted, not timed out."""
@@ -78,36 +85,41 @@ class ConnectionGuard:
             return
         fd = conn.fileno()
         self._open.pop(fd, None)  # a stale entry whose descriptor was reused
-        entry = _Open(conn)
+        entry = _Open(fd, conn)
         self._open[fd] = entry
-        self._arm(fd, entry)
+        self._arm(entry)
 
-    def request_state(self, fd: int, busy: bool) -> None:
+    def entry(self, fd: int) -> _Open | None:
+        """The connection just accepted on ``fd``, for its protocol to report on (None if it
+        was refused, or already closed)."""
+        return self._open.get(fd)
+
+    def request_state(self, entry: _Open, busy: bool) -> None:
         """The protocol's word: a whole request is in (``busy``), or it waits for the next one."""
-        entry = self._open.get(fd)
-        if entry is None or entry.sock.fileno() != fd or entry.busy == busy:
+        if self._open.get(entry.fd) is not entry or entry.busy == busy:
             return
         entry.busy = busy
         if busy:
             _cancel(entry)
         else:
-            self._arm(fd, entry)
+            self._arm(entry)
 
-    def closed(self, fd: int) -> None:
-        entry = self._open.get(fd)
-        if entry is not None and entry.sock.fileno() in (fd, -1):
-            _cancel(entry)
-            del self._open[fd]
+    def closed(self, entry: _Open) -> None:
+        # By identity, never by descriptor: TLS reports a connection lost a loop turn after
+        # its socket closed, when a new connection may already have its descriptor number.
+        _cancel(entry)
+        if self._open.get(entry.fd) is entry:
+            del self._open[entry.fd]
 
-    def _arm(self, fd: int, entry: _Open) -> None:
+    def _arm(self, entry: _Open) -> None:
         _cancel(entry)
         loop = asyncio.get_running_loop()
-        entry.timer = loop.call_later(self.request_timeout_s, self._expire, fd, entry)
+        entry.timer = loop.call_later(self.request_timeout_s, self._expire, entry)
 
-    def _expire(self, fd: int, entry: _Open) -> None:
-        if self._open.get(fd) is not entry or entry.busy:
+    def _expire(self, entry: _Open) -> None:
+        if self._open.get(entry.fd) is not entry or entry.busy:
             return
-        del self._open[fd]
+        del self._open[entry.fd]
         log.warning(
             "closed a connection that sent no whole request within %g s "
             "([server] request_timeout_s)",
@@ -181,7 +193,7 @@ def guarded_h11(guard: ConnectionGuard) -> type[H11Protocol]:
     """uvicorn's h11 protocol, telling ``guard`` when a request is whole and when it is served."""
 
     class GuardedH11Protocol(H11Protocol):
-        _fd = -1
+        _entry: _Open | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -189,10 +201,11 @@ def guarded_h11(guard: ConnectionGuard) -> type[H11Protocol]:
             # default) would stop and restart the stream many times per block.
             transport.set_write_buffer_limits(high=WRITE_BUFFER_BYTES)
             sock = transport.get_extra_info("socket")
-            self._fd = sock.fileno() if sock is not None else -1
+            self._entry = guard.entry(sock.fileno()) if sock is not None else None
 
         def connection_lost(self, exc: Exception | None) -> None:
-            guard.closed(self._fd)
+            if self._entry is not None:
+                guard.closed(self._entry)
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
@@ -207,6 +220,10 @@ def guarded_h11(guard: ConnectionGuard) -> type[H11Protocol]:
             # DONE / MUST_CLOSE: the client has sent all of its request; IDLE or
             # SEND_BODY: it is still sending one, and the clock runs.
             whole = self.conn.their_state in (h11.DONE, h11.MUST_CLOSE)
-            guard.request_state(self._fd, whole)
+            streaming = self.conn.their_state is h11.SEND_BODY and bool(
+                self.scope and self.scope.get(STREAMING)
+            )
+            if self._entry is not None:
+                guard.request_state(self._entry, whole or streaming)
 
     return GuardedH11Protocol

@@ -220,6 +220,16 @@ class Ledger:
         for _, line in _whole_lines(self.path):
             yield json.loads(line)
 
+    def records_of(self, kind: str) -> Iterator[dict[str, Any]]:
+        """Every whole record of ``kind``, oldest first; other lines are passed over unparsed."""
+        # Inside a JSON string a quote is escaped, so only a record's own kind has this text.
+        marker = f'"kind":{json.dumps(kind)}'.encode()
+        for _, line in _whole_lines(self.path):
+            if marker in line:
+                record = json.loads(line)
+                if record.get("kind") == kind:
+                    yield record
+
     def latest_turns(self, turn_ids: set[str]) -> dict[str, Latest]:
         """For each of ``turn_ids`` in the ledger: its last record's kind and turn, its key."""
         found: dict[str, Latest] = {}

@@ -32,7 +32,9 @@ DESCRIPTION = (
     "configuration. Every route but `/v1/health` needs a role's bearer token. A refused turn "
     "is a turn (state `refused`, exit status 126 or 127), never an HTTP error; HTTP errors are "
     "RFC 9457 problem bodies (`application/problem+json`) for requests the target did not "
-    "take. docs/api.md in the paddock repository says the same in prose."
+    "take. A session (`/v1/sessions`) is one fence with one shell for many turns, each "
+    "naming it; a turn with `tty` runs on a terminal. docs/api.md in the paddock repository "
+    "says the same in prose."
 )
 
 BEARER = HTTPBearer(
@@ -74,9 +76,28 @@ _ERRORS: dict[int, dict[str, Any]] = {
 }
 
 
-def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """A route's error responses: each a ``Problem`` (``openapi`` gives them their media type)."""
-    return {status: {"model": Problem, **_ERRORS[status]} for status in statuses}
+def errors(*statuses: int, say: dict[int, str] | None = None) -> dict[int | str, dict[str, Any]]:
+    """A route's error responses: each a ``Problem`` (``openapi`` gives them their media type).
+
+    ``say`` replaces the description of a status where the route means something else by it.
+    """
+    said = say or {}
+    return {
+        status: {"model": Problem, **_ERRORS[status], **_described(said.get(status))}
+        for status in statuses
+    }
+
+
+def _described(description: str | None) -> dict[str, str]:
+    return {} if description is None else {"description": description}
+
+
+UNKNOWN_SESSION = "No session with that id among the sessions of the token's roles."
+TURN_409 = (
+    "The session the turn names runs another turn (`turn_id` names it: one at a time), or has "
+    "ended; nothing was started."
+)
+RESIZE_409 = "The turn has ended, or runs on no terminal (not started with `tty`)."
 
 
 TurnId = Annotated[
@@ -85,6 +106,15 @@ TurnId = Annotated[
         description="a turn id (`t-` and 32 hex digits); any other text is answered 404, "
         "as an unknown turn is",
         json_schema_extra={"pattern": r"^t-[0-9a-f]{32}$"},
+    ),
+]
+
+SessionId = Annotated[
+    str,
+    PathParam(
+        description="a session id (`s-` and 32 hex digits); any other text is answered 404, "
+        "as an unknown session is",
+        json_schema_extra={"pattern": r"^s-[0-9a-f]{32}$"},
     ),
 ]
 
@@ -138,9 +168,31 @@ RAW_BYTES: dict[str, Any] = {
 }
 TURN_LINKS = {
     operation: {"operationId": operation, "parameters": {"turn_id": "$response.body#/turn_id"}}
-    for operation in ("getTurn", "turnEvents", "signalTurn", "writeStdin")
+    for operation in ("getTurn", "turnEvents", "signalTurn", "writeStdin", "resizeTurn")
 }
 """What a client does next with the turn it started: the links of ``201``."""
+SESSION_LINKS = {
+    operation: {
+        "operationId": operation,
+        "parameters": {"session_id": "$response.body#/session_id"},
+    }
+    for operation in ("getSession", "endSession")
+}
+"""What a client does next with the session it started."""
+
+LeaseId = Annotated[
+    str,
+    PathParam(
+        description="a lease id (`l-` and 32 hex digits); any other text is answered 404, "
+        "as an unknown lease is",
+        json_schema_extra={"pattern": r"^l-[0-9a-f]{32}$"},
+    ),
+]
+LEASE_LINKS = {
+    operation: {"operationId": operation, "parameters": {"lease_id": "$response.body#/lease_id"}}
+    for operation in ("getLease", "renewLease", "releaseLease")
+}
+"""What a client does next with the lease it took: the links of ``201``."""
 
 
 _FASTAPI_422 = "#/components/schemas/HTTPValidationError"

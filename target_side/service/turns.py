@@ -28,7 +28,7 @@ import shutil
 import signal
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -48,6 +48,7 @@ from shared.wire import (
 from target_side.config import Settings
 from target_side.errors import (
     BackendError,
+    NoTerminal,
     RefusedError,
     StdinClosed,
     StorageError,
@@ -65,12 +66,15 @@ from target_side.fence.identity import warm as warm_spawning
 from target_side.fence.launch import env_default_signal, find_bwrap, launch_turn
 from target_side.fence.limits import Limiter, Totals
 from target_side.fence.runner import Outcome, RunningTurn
+from target_side.fence.session_fence import SessionTurn
 from target_side.policy import refusals
 from target_side.policy.forbidden import curated_etc_root, home_place
 from target_side.policy.mounts import ETC_ENTRIES
 from target_side.policy.plan import FencePlan, plan_turn
 from target_side.service.health import HealthBoard
+from target_side.service.leases import LeaseBook
 from target_side.service.ledger import Latest, Ledger
+from target_side.service.sessions import SessionManager
 from target_side.service.spool import EventSpool, now
 from target_side.service.state_lock import StateLock
 from target_side.service.store import StoredTurn, TurnStore, Unreadable, expired
@@ -104,7 +108,7 @@ class TurnRecord:
 
     stored: StoredTurn
     spool: EventSpool
-    running: RunningTurn | None = None
+    running: RunningTurn | SessionTurn | None = None
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     admitted: bool = False
     """Counted against the caps on running turns until it ends."""
@@ -122,8 +126,23 @@ class TurnRecord:
         self.stored = self.stored.model_copy(update={"turn": self.turn.model_copy(update=changes)})
 
 
+@dataclass(frozen=True)
+class StartedElsewhere:
+    """A turn whose process something else runs (a session's shell), ready to begin."""
+
+    running: SessionTurn
+    plan: FencePlan
+    """The fence it runs in: what the audit after it checks."""
+    facts: dict[str, Any]
+    """What the ledger's launch record says of it."""
+    begin: Callable[[], Awaitable[None]]
+    """Hand it its command: called once its ``started`` event is spooled."""
+    ended: Callable[[], Awaitable[None]]
+    """Called once it is recorded as ended."""
+
+
 class TurnManager:
-    """Every turn of one target, keyed by id."""
+    """Every turn of one target, keyed by id (and, through ``sessions``, every session)."""
 
     def __init__(
         self,
@@ -144,6 +163,7 @@ class TurnManager:
         self.limiter = Limiter.detect(totals=totals)
         self.etc = CuratedEtc(curated_etc_root(settings), ETC_ENTRIES, role_entries(settings))
         self.identity = for_settings(settings)
+        self.leases = LeaseBook(settings)
         self._ledger: Ledger | None = None
         self._failures = 0
         self._lock = state_lock
@@ -154,6 +174,7 @@ class TurnManager:
         self._stopping = False
         self._watch: asyncio.Task[None] | None = None
         self._disk_news = asyncio.Event()
+        self.sessions = SessionManager(self)
 
     @property
     def ledger(self) -> Ledger:
@@ -190,6 +211,8 @@ class TurnManager:
             latest = await asyncio.to_thread(self.ledger.latest_turns, ids)
             for item in found:
                 await self._take_back(item, latest)
+            await self.leases.start(self.ledger, self._ledger_append, self._storage_failed)
+            await self.sessions.start()
             # Helpers probed once with a child process: off the event loop, before any turn.
             await asyncio.to_thread(env_default_signal)
             await asyncio.to_thread(warm_spawning)
@@ -297,10 +320,15 @@ class TurnManager:
         self._admit(request.role)
         record = self._new_record(request, key)
         record.admitted = True
+        no_lease: RefusedError | None = None
+        try:
+            self.leases.admit(request.role, request.lease)
+        except RefusedError as exc:
+            no_lease = exc  # refused all the same, once its spool is there to say so
         try:
             # Off the event loop: the spool is made, and planning walks paths and searches
             # writable mounts.
-            plan = await asyncio.to_thread(self._make_and_plan, record, request)
+            plan = await asyncio.to_thread(self._make_and_plan, record, request, no_lease)
         except StorageError as exc:
             # The turn's spool could not be made: nothing was, and the disk says why.
             self._forget(record)
@@ -313,6 +341,8 @@ class TurnManager:
             )
             return record.turn
         try:
+            # Again at launch: a seat taken over while the turn was planned refuses it.
+            self.leases.admit(request.role, request.lease)
             await self._launch(record, plan)
         except RefusedError as refused:
             await self._finish(
@@ -328,11 +358,7 @@ class TurnManager:
     def _admit(self, role: str) -> None:
         """Count a new turn against the caps, or say why it cannot run now."""
         if self._stopping:
-            raise TargetUnavailable(
-                "the target is stopping and takes no new turn; submit again once it is back",
-                "stopping",
-                STOP_RETRY_AFTER_S,
-            )
+            raise self._stopping_now()
         if self._disk_failure is not None:
             raise self._disk_unavailable()
         role_cap = self.settings.roles[role].limits.turns if role in self.settings.roles else None
@@ -360,6 +386,92 @@ class TurnManager:
         self._running -= 1
         self._running_by_role[role] -= 1
 
+    # --- what sessions and file operations use ---------------------------------------------------
+
+    @property
+    def inject(self) -> FailureHook:
+        return self._inject
+
+    def admit(self, role: str) -> None:
+        """Count one more fence (a session's, a file operation's) against the caps, or say why
+        there is no room; ``release`` when it has ended."""
+        self._check_low_water()
+        self._admit(role)
+
+    def release(self, role: str) -> None:
+        self._release(role)
+
+    def known(self, role: str, idempotency_key: str | None) -> Turn | None:
+        """The turn an earlier POST of ``role`` with this key made, if there was one."""
+        key = _idempotency_digest(role, idempotency_key)
+        if key is not None and key in self._idempotency:
+            return self._turns[self._idempotency[key]].turn
+        return None
+
+    async def record_in_ledger(self, kind: str, **fields: Any) -> bool:
+        """Append one ledger record; False (and ``disk``) if the disk refused it for now."""
+        return await self._ledger_append(kind, **fields)
+
+    def storage_failed(self, exc: StorageError) -> None:
+        self._storage_failed(exc)
+
+    def launch_facts(self, plan: FencePlan) -> dict[str, Any]:
+        return _launch_facts(plan)
+
+    async def submit_elsewhere(
+        self,
+        request: TurnRequest,
+        idempotency_key: str | None,
+        start: Callable[[TurnRecord], Awaitable[StartedElsewhere]],
+    ) -> Turn:
+        """A turn whose process is ``start``'s to run (a session's shell): a turn all the same.
+
+        It has its own record, spool, ledger records, idempotency and end; it is
+        not counted against the caps (its fence already is). ``start`` may raise
+        ``RefusedError``: the turn is then refused, like any other.
+        """
+        known = self.known(request.role, idempotency_key)
+        if known is not None:
+            return known
+        self._check_low_water()
+        if self._stopping:
+            raise self._stopping_now()
+        if self._disk_failure is not None:
+            raise self._disk_unavailable()
+        record = self._new_record(request, _idempotency_digest(request.role, idempotency_key))
+        try:
+            await asyncio.to_thread(record.spool.create, report=False)
+        except StorageError as exc:
+            # The turn's spool could not be made: nothing was, and the disk says why.
+            self._forget(record)
+            self._storage_failed(exc)
+            raise self._disk_unavailable() from None
+        try:
+            started = await start(record)
+            record.running = started.running
+            record.update(started_at=now())
+            await self._persist(record)
+            await self._ledger_append("launch", turn=_turn_json(record.turn), **started.facts)
+            record.spool.append_kept("started")
+            await started.begin()
+            record.task = asyncio.create_task(self._follow(record, started.plan, started.ended))
+        except RefusedError as refused:
+            await self._finish(
+                record, Outcome(refused.refusal.exit_code, refusal=refused.refusal), request
+            )
+        except Exception:
+            log.exception("turn %s: the target failed to start it", record.turn.turn_id)
+            failed = Outcome(ExitStatus.PADDOCK_FAILED, failure=LAUNCH_FAILED)
+            await self._finish(record, failed, request)
+        return record.turn
+
+    def _stopping_now(self) -> TargetUnavailable:
+        return TargetUnavailable(
+            "the target is stopping and takes no new turn; submit again once it is back",
+            "stopping",
+            STOP_RETRY_AFTER_S,
+        )
+
     def _disk_unavailable(self) -> TargetUnavailable:
         return TargetUnavailable(
             f"the target's state disk ({self.settings.state_root}) is full or failing "
@@ -371,7 +483,14 @@ class TurnManager:
     def _new_record(self, request: TurnRequest, key: str | None) -> TurnRecord:
         """The turn, known (and its key) at once; ``_make_and_plan`` makes its spool on disk."""
         turn_id = f"t-{uuid.uuid4().hex}"
-        turn = Turn(turn_id=turn_id, role=request.role, state="running", created_at=now())
+        turn = Turn(
+            turn_id=turn_id,
+            role=request.role,
+            state="running",
+            created_at=now(),
+            session_id=request.session,
+            tty=request.tty is not None,
+        )
         stored = StoredTurn(turn=turn, idempotency=key)
         spool = EventSpool.new(self.store.new_spool_path(turn_id), self._storage_failed)
         record = TurnRecord(stored, spool)
@@ -385,9 +504,14 @@ class TurnManager:
         if record.stored.idempotency is not None:
             self._idempotency.pop(record.stored.idempotency, None)
 
-    def _make_and_plan(self, record: TurnRecord, request: TurnRequest) -> FencePlan:
-        """The turn's spool made on disk, then its fence planned (blocking)."""
+    def _make_and_plan(
+        self, record: TurnRecord, request: TurnRequest, refused: RefusedError | None = None
+    ) -> FencePlan:
+        """The turn's spool made on disk, then its fence planned (blocking); ``refused``
+        (decided before) is raised once the spool is there."""
         record.spool.create(report=False)
+        if refused is not None:
+            raise refused
         return self.plan(request, record.turn.turn_id)
 
     async def _launch(self, record: TurnRecord, plan: FencePlan) -> None:
@@ -422,7 +546,12 @@ class TurnManager:
             bwrap, plan, spool.append, self.limiter, self._inject, self.identity
         )
 
-    async def _follow(self, record: TurnRecord, plan: FencePlan) -> None:
+    async def _follow(
+        self,
+        record: TurnRecord,
+        plan: FencePlan,
+        ended: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         running = record.running
         if running is None:
             return
@@ -441,7 +570,11 @@ class TurnManager:
             moved = [f"the protected paths could not be checked after the turn: {exc}"]
         for said in moved:
             record.spool.append_kept("notice", message=said)
-        await self._finish(record, outcome)
+        try:
+            await self._finish(record, outcome)
+        finally:
+            if ended is not None:
+                await ended()
         try:
             # After its end is out: removing cgroups waits for their last task to go.
             await running.cleanup()
@@ -584,6 +717,7 @@ class TurnManager:
                 written = await self._persist(record) and written
             if record.spool.held:
                 written = record.spool.flush_held() and written
+        written = await self.sessions.flush() and written
         if written:
             log.warning("state disk takes writes again; what waited is written")
             self._disk_failure = None
@@ -634,6 +768,7 @@ class TurnManager:
     def dry_run(self, request: TurnRequest) -> PlanResult:
         """The fence ``request`` would get, or its refusal; nothing is built or launched."""
         try:
+            self.leases.admit(request.role, request.lease)
             plan = self.plan(request, f"t-{uuid.uuid4().hex}")
         except RefusedError as refused:
             return PlanResult(refusal=refused.refusal, exit_code=refused.refusal.exit_code)
@@ -652,6 +787,8 @@ class TurnManager:
         def fold() -> list[Turn]:
             latest: dict[str, Turn] = {}
             for entry in self.ledger.records():
+                if "turn" not in entry:
+                    continue  # a recovery, lease, session or file-operation record
                 turn = Turn.model_validate(entry["turn"])
                 if turn.role in roles:
                     latest[turn.turn_id] = turn
@@ -663,6 +800,19 @@ class TurnManager:
         if record.running is None:
             raise TurnNotRunning(f"turn {record.turn.turn_id} has ended; it takes no signal")
         return record.running.signal(name)
+
+    def resize(self, record: TurnRecord, rows: int, cols: int) -> None:
+        if record.running is None:
+            raise TurnNotRunning(f"turn {record.turn.turn_id} has ended; it has no terminal now")
+        if not record.turn.tty:
+            raise NoTerminal(
+                f"turn {record.turn.turn_id} runs on no terminal, so it has no size; "
+                'start it with "tty" to have one'
+            )
+        try:
+            record.running.resize(rows, cols)
+        except OSError as exc:
+            raise TurnNotRunning(f"turn {record.turn.turn_id}: its terminal is gone") from exc
 
     async def write_stdin(self, record: TurnRecord, data: bytes, eof: bool) -> None:
         if record.running is None:
@@ -692,6 +842,7 @@ class TurnManager:
                 self._idempotency.pop(record.stored.idempotency, None)
             record.spool.close()
             await asyncio.to_thread(self.store.remove, record.turn.turn_id)
+        await self.sessions.sweep(moment, retention)
         return len(gone)
 
     async def stop(self, grace_s: float, hurry: Callable[[], bool] = lambda: False) -> None:
@@ -706,7 +857,10 @@ class TurnManager:
             log.info("stopping: %d turn(s) running, waiting up to %g s", self._running, grace_s)
         began = loop.time()
         while self._running and loop.time() < began + grace_s and not hurry():
+            # A session with no turn running will not end by itself: it ends now.
+            await self.sessions.stop(idle_only=True)
             await asyncio.sleep(STOP_POLL_S)
+        await self.sessions.stop(idle_only=False)
         why = (
             f"the target was stopped and ended this turn after waiting {loop.time() - began:.0f} s "
             f"for it ([server] stop_grace_s = {grace_s:g} s)"
@@ -724,6 +878,7 @@ class TurnManager:
         self._stopping = True
         if self._watch is not None:
             self._watch.cancel()
+        self.leases.stop()
         tasks = []
         for record in self._turns.values():
             if record.running is not None:
@@ -736,6 +891,7 @@ class TurnManager:
         saving = [r.saving for r in self._turns.values() if r.saving is not None]
         with contextlib.suppress(Exception):
             await asyncio.gather(*saving)
+        await self.sessions.shutdown()
         if self._ledger is not None and self._disk_failure is not None:
             with contextlib.suppress(Exception):
                 await self._retry_storage()
