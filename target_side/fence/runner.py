@@ -169,13 +169,17 @@ class RunningTurn:
         self._truncated = False
         self._started_at = time.monotonic()
         self._status_task = asyncio.create_task(self._read_status(status_fd))
+        # Opened now, not when the turn is followed: keystrokes may come before that.
+        self._terminal_task = (
+            asyncio.create_task(self._terminal_output()) if terminal is not None else None
+        )
 
     async def wait(self) -> Outcome:
         """Stream output until the turn ends (or its wall time runs out), then say how it ended."""
         pumps = asyncio.gather(
             self._pump(self._proc.stdout, "stdout"),
             self._pump(self._proc.stderr, "stderr"),
-            self._pump(await self._terminal_output(), "stdout"),
+            self._pump(await self._terminal_task if self._terminal_task else None, "stdout"),
         )
         try:
             await asyncio.wait_for(asyncio.shield(self._proc.wait()), self._wall_s)
@@ -386,6 +390,8 @@ class RunningTurn:
 
     async def write_stdin(self, data: bytes, eof: bool) -> None:
         """Bytes for the turn's stdin; a terminal turn's are keystrokes (eof is ^D there)."""
+        if self._terminal_task is not None:
+            await self._terminal_task
         stdin = self._keys if self._terminal is not None else self._proc.stdin
         if stdin is None or stdin.is_closing():
             raise BrokenPipeError("the turn's stdin is closed")
