@@ -267,16 +267,18 @@ def explain_setup_failure(stderr_tail: bytes, sources: Mapping[int, str] | None 
     """
     tail = stderr_tail.decode(errors="replace").strip().splitlines()
     last = tail[-1] if tail else "no message"
+    # Matched as bubblewrap said it; said with the paths a person knows.
+    said = last
     for fd, path in (sources or {}).items():
-        last = re.sub(rf"/proc/self/fd/{fd}\b", f"{path} (/proc/self/fd/{fd})", last)
+        said = re.sub(rf"/proc/self/fd/{fd}\b", f"{path} (/proc/self/fd/{fd})", said)
     if "execvp" in last:
-        why = f"could not be executed in the fence ({last})"
+        why = f"could not be executed in the fence ({said})"
         return refusals.not_executable("argv[0]", "", why).refusal
     if "Race condition binding dirfd" in last or "Can't find source path /proc/self/fd/" in last:
         # A held source was replaced or unlinked (a package upgrade, useradd rewriting
         # /etc/passwd) between bwrap resolving its descriptor and mounting it.
-        return refusals.path_changed("fence", None, None, f"bubblewrap: {last}").refusal
-    why = f"bubblewrap could not set up the fence: {last}"
+        return refusals.path_changed("fence", None, None, f"bubblewrap: {said}").refusal
+    why = f"bubblewrap could not set up the fence: {said}"
     return refusals.backend_unavailable(why).refusal
 
 
