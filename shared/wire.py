@@ -122,7 +122,8 @@ class Limits(Wire):
 
 MAX_LEASE_TTL_S = 86400.0
 """The longest a lease may run between renewals: a day."""
-_SEAT_TEXT = r"^[^\u0000-\u001f\u007f]*$"
+SEAT_TEXT = r"^[^\u0000-\u001f\u007f]*$"
+"""A seat name's text, as the schema says it (``_seat_text`` is what checks it)."""
 _LEASE_ID_SHAPE = r"^l-[0-9a-f]{32}$"
 
 
@@ -141,7 +142,7 @@ SeatName = Annotated[
     Field(
         min_length=1,
         max_length=256,
-        json_schema_extra={"pattern": _SEAT_TEXT},
+        json_schema_extra={"pattern": SEAT_TEXT},
         description="what the lease holds, within its role: any text without control "
         "characters, such as the agent's workspace",
     ),

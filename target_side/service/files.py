@@ -40,6 +40,7 @@ from starlette.requests import ClientDisconnect
 
 from shared.exit_status import ExitStatus
 from shared.wire import (
+    SEAT_TEXT,
     ArchiveWritten,
     FileListing,
     FileWritten,
@@ -155,7 +156,14 @@ LeaseIdParam = Annotated[
     ),
 ]
 LeaseSeatParam = Annotated[
-    str | None, Query(min_length=1, max_length=256, description="the lease's seat")
+    str | None,
+    Query(
+        min_length=1,
+        max_length=256,
+        # Said in the schema as the body's seat says it; the lease itself checks it.
+        json_schema_extra={"pattern": SEAT_TEXT},
+        description="the lease's seat",
+    ),
 ]
 LeaseGenerationParam = Annotated[int | None, Query(ge=1, description="the lease's generation")]
 
