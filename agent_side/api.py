@@ -443,12 +443,7 @@ class Target:
     def __enter__(self) -> Target:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 
@@ -526,8 +521,10 @@ class AsyncTarget:
         """Like ``Target.run``, awaited; cancelling it kills the turn."""
         target = self.target
         # Asking the target for the role is a request: not on the event loop.
+        if not role:
+            role = await self._call(_role_of, target)
         request = new_request(
-            role=role or await self._call(lambda: target.role),
+            role=role,
             argv=argv,
             cwd=cwd,
             env=env,
@@ -746,3 +743,7 @@ def _checked_ssh_url(url: str) -> httpx.URL:
             "the network unencrypted; name a loopback listener or use https://"
         )
     return parsed
+
+
+def _role_of(target: Target) -> str:
+    return target.role

@@ -15,6 +15,8 @@
     paddock status [NAME ...]        paddock deploy USER@HOST[:PORT] ... | --inventory F
     paddock cp [-r] [--mode MODE] SRC DST      (a remote path: :PATH, or NAME:PATH)
     paddock mux status|stop          paddock lease take|renew|release|show
+    paddock mcp [--role R] [--local | --ssh ... | -t NAME | --target URL]
+                                     a Model Context Protocol server on stdio
 
 The jobs live in their own modules: ``connection`` (where the target, token,
 CA and role come from, and opening the target), ``request_options`` (the turn
@@ -148,7 +150,8 @@ def _terminal_columns() -> int:
         if columns > 0:
             return columns
     try:
-        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80
+        stdout = sys.__stdout__
+        return os.get_terminal_size(stdout.fileno()).columns or 80 if stdout else 80
     except (AttributeError, ValueError, OSError):
         return 80
 
@@ -331,6 +334,15 @@ def build_parser(command: str | None = None) -> CommandParser:
     cp.add_argument("source", metavar="SRC", help="a local path, - (stdin), :PATH or NAME:PATH")
     cp.add_argument("dest", metavar="DST", help="a local path, - (stdout), :PATH or NAME:PATH")
     cp.set_defaults(handler=_command("cp_command"))
+
+    mcp = subcommands.add_parser(
+        "mcp",
+        help="serve the target's runs, files and sessions as MCP tools on stdin and stdout",
+    )
+    _add_target_options(mcp)
+    _add_token_option(mcp)
+    mcp.add_argument("--role", help="role to act as (PADDOCK_ROLE; default: the token's only role)")
+    mcp.set_defaults(handler=_command("mcp_command"))
 
     add_deploy_parser(subcommands, options=command in (None, "deploy"))
     add_mux_parser(subcommands, _add_target_options)

@@ -270,3 +270,10 @@ def cp_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from agent_side.copy_command import copy
 
     return copy(args, environ)
+
+
+def mcp_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """``paddock mcp``: an MCP server on stdio (``mcp_server``; the SDK loads only here)."""
+    from agent_side.mcp_server import serve
+
+    return serve(args, environ)

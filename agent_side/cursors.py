@@ -33,7 +33,6 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 
 from agent_side.errors import UsageError
 from agent_side.user_files import private_dir, read_text, state_dir, write_private
@@ -155,12 +154,7 @@ class Cursor:
     def __enter__(self) -> Cursor:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def _write_loop(self) -> None:

@@ -174,12 +174,7 @@ class HeldLease:
     def __enter__(self) -> HeldLease:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     async def __aenter__(self) -> HeldLease:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from agent_side.errors import AgentError, SessionRefused
@@ -138,12 +137,7 @@ class TargetSession:
     def __enter__(self) -> TargetSession:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         with contextlib.suppress(AgentError, RuntimeError):
             self.end()
 

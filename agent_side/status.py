@@ -269,7 +269,7 @@ def _refused(exc: BaseException) -> bool:
     while current is not None and id(current) not in seen:
         if isinstance(current, ConnectionRefusedError):
             return True
-        if isinstance(current, refused_channel):
+        if paramiko is not None and isinstance(current, refused_channel):
             return bool(current.code == paramiko.common.OPEN_FAILED_CONNECT_FAILED)
         seen.add(id(current))
         current = current.__cause__ or current.__context__

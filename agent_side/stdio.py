@@ -11,6 +11,9 @@ import contextlib
 import os
 import signal
 import sys
+import threading
+from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import TextIO
 
 from shared.exit_status import for_signal
@@ -31,6 +34,48 @@ class StopWaiting(KeyboardInterrupt):
     def __init__(self, status: int) -> None:
         super().__init__(status)
         self.status = status
+
+
+class Interrupts:
+    """What Ctrl-C and TERM mean while this process waits on a turn, wherever it runs.
+
+    The first Ctrl-C is INT for the turn, the second KILL, the third stops
+    waiting (``StopWaiting``; the turn goes on). A TERM is KILL, since
+    whoever sent it wants the work gone, and a second stops waiting. The
+    handlers run on the main thread between bytecodes, so they only count and
+    decide: ``send`` must hand the talking to another thread.
+    """
+
+    def __init__(self, send: Callable[[str], None]) -> None:
+        self._send = send
+        self._presses = 0
+        self._terms = 0
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        """Handle SIGINT and SIGTERM while the block runs (only the main thread can)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous_int = signal.signal(signal.SIGINT, self._on_sigint)
+        previous_term = signal.signal(signal.SIGTERM, self._on_sigterm)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous_int)
+            signal.signal(signal.SIGTERM, previous_term)
+
+    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
+        self._presses += 1
+        if self._presses >= 3:
+            raise StopWaiting(INTERRUPTED)
+        self._send("INT" if self._presses == 1 else "KILL")
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        self._terms += 1
+        if self._terms >= 2:
+            raise StopWaiting(TERMINATED)
+        self._send("KILL")
 
 
 def stdin_fd() -> int | None:

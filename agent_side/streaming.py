@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from types import FrameType
 from typing import Protocol
 
 from agent_side.client import TargetClient
@@ -27,10 +25,8 @@ from agent_side.cursors import Cursor, CursorStore
 from agent_side.errors import AgentError
 from agent_side.stdio import (
     BROKEN_PIPE,
-    INTERRUPTED,
     TERMINAL_STDIN_NOTE,
-    TERMINATED,
-    StopWaiting,
+    Interrupts,
     silence_stdout,
     stdin_fd,
     stdin_is_terminal,
@@ -197,23 +193,16 @@ class SignalForwarder:
         self._output = output or LocalOutput()
         self._turn_id: str | None = None
         self._pending: list[tuple[str, bool]] = []
-        self._presses = 0
-        self._terms = 0
+        self._interrupts = Interrupts(self.send)
         self._posting: list[threading.Thread] = []
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[SignalForwarder]:
         """Handle SIGINT and SIGTERM while the block runs (only the main thread can)."""
-        if threading.current_thread() is not threading.main_thread():
-            yield self
-            return
-        previous_int = signal.signal(signal.SIGINT, self._on_sigint)
-        previous_term = signal.signal(signal.SIGTERM, self._on_sigterm)
         try:
-            yield self
+            with self._interrupts.installed():
+                yield self
         finally:
-            signal.signal(signal.SIGINT, previous_int)
-            signal.signal(signal.SIGTERM, previous_term)
             # A KILL still on its way must reach the target before the client closes.
             for thread in self._posting:
                 thread.join(POST_GRACE_S)
@@ -236,18 +225,6 @@ class SignalForwarder:
         )
         self._posting.append(thread)
         thread.start()
-
-    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
-        self._presses += 1
-        if self._presses >= 3:
-            raise StopWaiting(INTERRUPTED)
-        self.send("INT" if self._presses == 1 else "KILL")
-
-    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
-        self._terms += 1
-        if self._terms >= 2:
-            raise StopWaiting(TERMINATED)
-        self.send("KILL")
 
     def _deliver(self, turn_id: str, name: str, quiet: bool) -> None:
         try:

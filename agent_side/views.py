@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     # For annotations only: ``say`` is all a fast ``paddock run`` needs from here.
+    from collections.abc import Mapping
+
     from shared.wire import PlanResult, Refusal, Session, Turn
 
 
@@ -102,14 +104,14 @@ CLI_FIXES: dict[tuple[str, str], str] = {
 """The fix in the command line's words, by (rule, request field): the target speaks the wire's."""
 
 
-def refusal_sentence(refusal: Refusal) -> str:
+def refusal_sentence(refusal: Refusal, fixes: Mapping[tuple[str, str], str] = CLI_FIXES) -> str:
     """``refused (RULE, SUBJECT): DETAIL``, naming the path and what it resolved to.
 
-    Where the command line has its own words for the fix (``drop --net``
-    rather than ``ask for network "none"``), they replace the target's.
+    Where the caller has its own words for the fix (the command line's ``drop
+    --net`` rather than ``ask for network "none"``), they replace the target's.
     """
     detail = refusal.detail.strip().rstrip(".")
-    fix = CLI_FIXES.get((refusal.rule, refusal.subject.partition("[")[0]))
+    fix = fixes.get((refusal.rule, refusal.subject.partition("[")[0]))
     if fix is not None:
         # A refusal's detail reads "what is wrong; what to change": keep the what.
         detail = f"{detail.partition('; ')[0]}; {fix}"

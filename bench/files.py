@@ -56,7 +56,7 @@ def run(runs: int) -> str:
     return render_table(title, ("row", "p50 ms", "p95 ms", "MiB/s", "x base"), table)
 
 
-def _rows(api: Target, place: Path, data: bytes, small: bytes) -> dict[str, Callable[[], None]]:
+def _rows(api: Target, place: Path, data: bytes, small: bytes) -> dict[str, Callable[[], object]]:
     tree = Path(tempfile.mkdtemp(prefix="paddock-bench-tree-"))
     for i in range(TREE_FILES):
         (tree / f"d{i % 10}").mkdir(exist_ok=True)
@@ -92,7 +92,7 @@ def _rows(api: Target, place: Path, data: bytes, small: bytes) -> dict[str, Call
     }
 
 
-def _measure(rows: dict[str, Callable[[], None]], runs: int) -> dict[str, Samples]:
+def _measure(rows: dict[str, Callable[[], object]], runs: int) -> dict[str, Samples]:
     for row in rows.values():
         row()  # warm-up, and what the later rows read must exist
     found: dict[str, list[float]] = {name: [] for name in rows}

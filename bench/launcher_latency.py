@@ -34,6 +34,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -113,7 +114,11 @@ def _targets(base: Path, user: str) -> Iterator[dict[str, str]]:
         os.chown(workspace, role_uid, gid)
         workspace.chmod(0o2750)
         cli = [PYTHON, "-m", "target_side.tools.cli"]
-        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "cwd": "/"}
+        quiet: dict[str, Any] = {
+            "stdout": subprocess.DEVNULL,
+            "stderr": subprocess.DEVNULL,
+            "cwd": "/",
+        }
         launcher = ["setpriv", f"--bounding-set={CAPS}", "--inh-caps=-all", "--no-new-privs", "--"]
         procs.append(
             subprocess.Popen(

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import cast
 
 from agent_side.api import Target
 from agent_side.client import RetryPolicy, TargetClient
@@ -193,7 +194,8 @@ def _first_event(client: TargetClient, turn_id: str, cursor: Cursor) -> float:
     # One tick back: an event is already spooled, so no tick interval is timed.
     after = max(cursor.seq - 1, 0)
     started = time.perf_counter()
-    events = client.events(turn_id, after=after)
+    # A generator, so it can be closed early.
+    events = cast(Generator[Event, None, None], client.events(turn_id, after=after))
     try:
         event = next(events)
     finally:

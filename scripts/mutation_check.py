@@ -30,7 +30,7 @@ class Mutation:
     (a rule held in two places is inverted in both)."""
 
 
-MUTATIONS = (
+MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "forbidden-list-ignored",
         "target_side/policy/forbidden.py",
@@ -1232,6 +1232,49 @@ MUTATIONS += (
         '    return [plan.terminal_helper, "--ctty", "--"]',
         "    return []",
         ("tests/test_terminals.py -k controlling_terminal or ctrl_c",),
+    ),
+)
+
+
+MCP_TESTS = "tests/test_mcp.py"
+"""``paddock mcp`` as a harness runs it, against a real target."""
+
+MUTATIONS += (
+    Mutation(
+        # A model told only "126" cannot correct its request: the rule must reach it.
+        "mcp-run-refusal-unreported",
+        "agent_side/mcp_server.py",
+        "        refusal=None if result.refusal is None else refusal_report(result.refusal),\n",
+        "        refusal=None,\n",
+        (f"{MCP_TESTS} -k refused_run",),
+    ),
+    Mutation(
+        "mcp-file-refusal-unreported",
+        "agent_side/mcp_server.py",
+        "                refusal = refusal_report(exc.refusal)\n",
+        "                refusal = None\n",
+        (f"{MCP_TESTS} -k files_round_trip",),
+    ),
+    Mutation(
+        "mcp-output-not-truncated",
+        "agent_side/mcp_server.py",
+        "    if len(data) <= limit:\n",
+        "    if True:\n",
+        (f"{MCP_TESTS} -k long_output",),
+    ),
+    Mutation(
+        "mcp-sessions-left-open-at-exit",
+        "agent_side/mcp_server.py",
+        "                        tasks.start_soon(self._end_quietly, session_id)\n",
+        "                        pass\n",
+        (f"{MCP_TESTS} -k end_when_the_server or term_ends",),
+    ),
+    Mutation(
+        "mcp-turn-left-running-at-exit",
+        "agent_side/mcp_server.py",
+        "                await anyio.to_thread.run_sync(submission.kill, target)\n",
+        "                pass\n",
+        (f"{MCP_TESTS} -k in_flight",),
     ),
 )
 

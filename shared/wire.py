@@ -123,11 +123,11 @@ class Limits(Wire):
 MAX_LEASE_TTL_S = 86400.0
 """The longest a lease may run between renewals: a day."""
 SEAT_TEXT = r"^[^\u0000-\u001f\u007f]*$"
-"""A seat name's text, as the schema says it (``_seat_text`` is what checks it)."""
 _LEASE_ID_SHAPE = r"^l-[0-9a-f]{32}$"
 
 
-def _seat_text(value: str) -> str:
+def seat_text(value: str) -> str:
+    """``value``, if it can name a seat: text without control characters."""
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
         raise ValueError("a seat name must not hold control characters (newlines, tabs, NUL)")
     try:
@@ -146,7 +146,7 @@ SeatName = Annotated[
         description="what the lease holds, within its role: any text without control "
         "characters, such as the agent's workspace",
     ),
-    AfterValidator(_seat_text),
+    AfterValidator(seat_text),
 ]
 LeaseId = Annotated[str, Field(pattern=_LEASE_ID_SHAPE, description="`l-` and 32 hex digits")]
 Generation = Annotated[int, Field(ge=1)]
@@ -242,7 +242,7 @@ _ONE_PROGRAM: JsonDict = {
 }
 """Exactly one of ``argv`` or ``script``, and ``script_sha256`` with ``script`` alone (an
 absent field and ``null`` are the same)."""
-_EMPTY_FS = {
+_EMPTY_FS: JsonDict = {
     "anyOf": [
         {"type": "null"},
         {
@@ -254,7 +254,7 @@ _EMPTY_FS = {
         },
     ]
 }
-_SESSION_TURN = {
+_SESSION_TURN: JsonDict = {
     "if": {"required": ["session"], "properties": {"session": {"type": "string"}}},
     "then": {
         "properties": {

@@ -32,23 +32,3 @@ def before_load_schema(_context: Any, raw_schema: dict[str, Any]) -> None:
             for parameter in operation.get("parameters", []):
                 if parameter["in"] == "query" and parameter["name"] == "role":
                     parameter["schema"]["enum"] = [ROLE]
-
-
-LEASE_PARAMETERS = {
-    "lease_id": "l-00000000000000000000000000000000",
-    "lease_seat": "seat",
-    "lease_generation": 1,
-}
-"""A file operation's lease, named by all three query parameters together or by none (422)."""
-
-
-@schemathesis.hook
-def before_call(_context: Any, case: Any, _kwargs: dict[str, Any]) -> None:
-    # The schema cannot say that three query parameters go together, so a case may name only
-    # some: the rest are filled in (well-formed, naming no lease), so valid data stays valid
-    # (and is refused as a stale lease) and invalid data stays invalid.
-    query = case.query
-    if not isinstance(query, dict) or not any(name in query for name in LEASE_PARAMETERS):
-        return
-    for name, value in LEASE_PARAMETERS.items():
-        query.setdefault(name, value)

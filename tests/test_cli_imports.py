@@ -1,7 +1,7 @@
 """What the ``paddock`` command loads: only what the command it runs needs.
 
-httpx, the wire models (pydantic), paramiko and asyncio cost a command
-hundreds of milliseconds to import; each may load only where it is used.
+httpx, the wire models (pydantic), paramiko, asyncio and the MCP SDK cost a
+command hundreds of milliseconds to import; each may load only where it is used.
 Through a multiplexer, ``paddock run`` loads none of them (test_mux.py).
 """
 
@@ -17,7 +17,7 @@ import pytest
 from conftest import Target
 
 REPO = Path(__file__).resolve().parent.parent
-HEAVY = ("httpx", "pydantic", "shared.wire", "paramiko", "asyncio", "cryptography")
+HEAVY = ("httpx", "pydantic", "shared.wire", "paramiko", "asyncio", "cryptography", "mcp")
 
 
 def loaded_by(argv: list[str], env: dict[str, str] | None = None) -> tuple[int, list[str]]:
@@ -41,7 +41,9 @@ def loaded_by(argv: list[str], env: dict[str, str] | None = None) -> tuple[int, 
     return status, heavy
 
 
-@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["run", "--help"], ["mux", "status"]])
+@pytest.mark.parametrize(
+    "argv", [["--version"], ["--help"], ["run", "--help"], ["mux", "status"], ["mcp", "--help"]]
+)
 def test_cli_without_a_target_loads_nothing_heavy(argv: list[str]) -> None:
     assert loaded_by(argv) == (0, [])
 

@@ -477,11 +477,10 @@ def test_lease_required_by_the_role_refuses_a_file_operation_without_one(leased:
         got = c.get("/v1/files", params=query | _lease_query(lease))
         assert got.content == b"holder"
         partial = c.get("/v1/files", params=query | {"lease_id": lease.lease_id})
-        assert partial.status_code == 422
-        assert {e["field"] for e in partial.json()["errors"]} == {
-            "query.lease_seat",
-            "query.lease_generation",
-        }
+        assert partial.status_code == 403, partial.text
+        refusal = partial.json()["refusal"]
+        assert (refusal["rule"], refusal["subject"]) == ("stale-lease", "lease_seat")
+        assert "lease_seat, lease_generation missing" in refusal["detail"]
 
 
 def test_lease_superseded_refuses_the_zombies_file_writes(target: Target) -> None:

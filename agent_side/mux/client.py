@@ -17,13 +17,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
 import socket
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from types import FrameType
 
 from agent_side import errors
 from agent_side.connection import resolve_connection
@@ -41,8 +39,7 @@ from agent_side.request_options import request_options
 from agent_side.route import Route, route_of
 from agent_side.stdio import (
     BROKEN_PIPE,
-    INTERRUPTED,
-    TERMINATED,
+    Interrupts,
     StopWaiting,
     silence_stdout,
     stdin_fd,
@@ -289,8 +286,7 @@ class Session:
         self._channel = channel
         self._stdin_open = stdin_open
         self._credits = threading.Semaphore(STDIN_WINDOW)
-        self._presses = 0
-        self._terms = 0
+        self._interrupts = Interrupts(self._send_signal)
         self._sending: list[threading.Thread] = []
         self._signals_sent = 0
         self._signals_done = 0
@@ -299,17 +295,19 @@ class Session:
 
     def relay(self) -> int:
         """Copy the turn's output until its status arrives; returns the status to exit with."""
-        previous = self._install()
         try:
-            if self._stdin_open:
-                threading.Thread(target=self._feed_stdin, daemon=True, name="paddock-stdin").start()
-            try:
-                return self._copy()
-            except StopWaiting:
-                self._settle_signals()
-                raise
+            with self._interrupts.installed():
+                if self._stdin_open:
+                    feed = threading.Thread(
+                        target=self._feed_stdin, daemon=True, name="paddock-stdin"
+                    )
+                    feed.start()
+                try:
+                    return self._copy()
+                except StopWaiting:
+                    self._settle_signals()
+                    raise
         finally:
-            self._restore(previous)
             for thread in self._sending:
                 thread.join(SIGNAL_GRACE_S)
             self._channel.close()
@@ -412,31 +410,6 @@ class Session:
             return
 
     # -- signals: the handlers only count and decide; a thread does the sending -----------
-
-    def _install(self) -> tuple[object, object] | None:
-        if threading.current_thread() is not threading.main_thread():
-            return None
-        return (
-            signal.signal(signal.SIGINT, self._on_sigint),
-            signal.signal(signal.SIGTERM, self._on_sigterm),
-        )
-
-    def _restore(self, previous: tuple[object, object] | None) -> None:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous[0])  # type: ignore[arg-type]
-            signal.signal(signal.SIGTERM, previous[1])  # type: ignore[arg-type]
-
-    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
-        self._presses += 1
-        if self._presses >= 3:
-            raise StopWaiting(INTERRUPTED)
-        self._send_signal("INT" if self._presses == 1 else "KILL")
-
-    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
-        self._terms += 1
-        if self._terms >= 2:
-            raise StopWaiting(TERMINATED)
-        self._send_signal("KILL")
 
     def _send_signal(self, name: str, *, quiet: bool = False) -> None:
         thread = threading.Thread(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from agent_side.mux.settings import (
     DEFAULT_PERSIST_S,
@@ -60,7 +61,7 @@ def run_handler(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 def add_mux_parser(
-    subcommands: argparse._SubParsersAction[argparse.ArgumentParser],
+    subcommands: argparse._SubParsersAction[Any],
     add_target_options: Callable[[argparse.ArgumentParser], None],
 ) -> None:
     mux = subcommands.add_parser(
@@ -133,7 +134,7 @@ def _ask_each(
 
         connection = resolve_connection(args, environ, need_token=False)
         names = [daemon_name(mux_identity(route_of(args, connection).absolute(), environ))]
-    answers = []
+    answers: list[tuple[str, dict[str, object]]] = []
     with MuxDir.open(default_dir(environ)) as mux_dir:
         for name in names if names is not None else mux_dir.names():
             sock = connect(mux_dir, name)

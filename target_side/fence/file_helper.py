@@ -43,7 +43,11 @@ if TYPE_CHECKING:
     # Annotations only: typing, tarfile and shutil are loaded where they are used (an
     # archive), since every file operation pays this program's start.
     import tarfile
-    from typing import BinaryIO
+    from typing import Any, BinaryIO
+
+    Request = dict[str, Any]
+    Parts = tuple[str, ...]
+    """An archive member's name as components below its directory."""
 
 REQUEST_VARIABLE = "PADDOCK_FILE_REQUEST"
 CHUNK = 1 << 20
@@ -105,7 +109,7 @@ def main() -> int:
 # --- reading ---------------------------------------------------------------------------
 
 
-def read_file(request: dict) -> None:
+def read_file(request: Request) -> None:
     """The file's bytes to ``data_fd``: exactly the size it had when opened."""
     path, out = request["path"], request["data_fd"]
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -143,12 +147,15 @@ def _send(out: int, fd: int, size: int) -> int:
     return len(data)
 
 
-def list_dir(request: dict) -> None:
+def list_dir(request: Request) -> None:
     """The path's own entry and, for a directory, up to ``entries`` of its entries, as JSON."""
     path, out, most = request["path"], request["data_fd"], request["entries"]
     st = os.lstat(path)
-    listing: dict = {"path": path, "entry": describe(posixpath.basename(path) or "/", st, path)}
-    found = []
+    listing: dict[str, Any] = {
+        "path": path,
+        "entry": describe(posixpath.basename(path) or "/", st, path),
+    }
+    found: list[dict[str, Any]] = []
     truncated = False
     if stat.S_ISDIR(st.st_mode):
         with os.scandir(path) as entries:
@@ -166,7 +173,7 @@ def list_dir(request: dict) -> None:
     report("done", entries=len(found))
 
 
-def describe(name: str, st: os.stat_result, path: str | None = None) -> dict:
+def describe(name: str, st: os.stat_result, path: str | None = None) -> dict[str, Any]:
     """An entry as the wire's ``FileEntry`` has it."""
     entry = {
         "name": name.encode("utf-8", "surrogateescape").decode("utf-8", "replace"),
@@ -200,7 +207,7 @@ def _kind(mode: int) -> str:
     return "other"
 
 
-def read_archive(request: dict) -> None:
+def read_archive(request: Request) -> None:
     """The directory as a tar stream to ``data_fd``: its entries, named relative to it.
 
     Directories, regular files and symlinks (never followed); sockets, FIFOs
@@ -221,7 +228,7 @@ def read_archive(request: dict) -> None:
     report("done", size=total, entries=len(entries))
 
 
-def _survey(root: str, limit: int) -> tuple[list, int, int]:
+def _survey(root: str, limit: int) -> tuple[list[tuple[str, os.stat_result]], int, int]:
     entries = []
     total = skipped = 0
     pending = [""]
@@ -280,7 +287,7 @@ def _add(archive: tarfile.TarFile, root: str, name: str, st: os.stat_result) -> 
 # --- writing a file --------------------------------------------------------------------
 
 
-def write_file(request: dict) -> None:
+def write_file(request: Request) -> None:
     """The body from ``data_fd`` into a temporary file beside ``path``; renamed over it on
     ``commit``. Without a mode given, a replaced file keeps its own, a new one gets 0644."""
     path = request["path"]
@@ -399,7 +406,7 @@ def _lstat_at(dir_fd: int, name: str) -> os.stat_result | None:
 # --- writing an archive ----------------------------------------------------------------
 
 
-def write_archive(request: dict) -> None:
+def write_archive(request: Request) -> None:
     """Extract a tar into ``path``, all or nothing (the module docstring says how)."""
     target = request["path"]
     exists = request["exists"]
@@ -429,12 +436,12 @@ class ArchivePlan:
 
     def __init__(self, archive: tarfile.TarFile) -> None:
         self.archive = archive
-        self.members: dict[tuple, tarfile.TarInfo] = {}
+        self.members: dict[Parts, tarfile.TarInfo] = {}
         self.root_mode: int | None = None
         self.size = 0
 
 
-def check_archive(source: BinaryIO, request: dict, existing: str | None) -> ArchivePlan:
+def check_archive(source: BinaryIO, request: Request, existing: str | None) -> ArchivePlan:
     """Every member checked against every rule before anything is written.
 
     ``existing``: the directory the archive merges into, if it exists (what is
@@ -470,7 +477,7 @@ def check_archive(source: BinaryIO, request: dict, existing: str | None) -> Arch
     return plan
 
 
-def _take(plan: ArchivePlan, member: tarfile.TarInfo, request: dict) -> None:
+def _take(plan: ArchivePlan, member: tarfile.TarInfo, request: Request) -> None:
     name = member.name
     parts = member_parts(name)
     if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
@@ -492,7 +499,7 @@ def _take(plan: ArchivePlan, member: tarfile.TarInfo, request: dict) -> None:
     plan.members[parts] = member
 
 
-def member_parts(name: str) -> tuple:
+def member_parts(name: str) -> Parts:
     """A member's name as components below the directory; refused if it could leave it."""
     if "\0" in name:
         raise Refused("bad-archive", "has a NUL in its name", name)
@@ -504,7 +511,7 @@ def member_parts(name: str) -> tuple:
     return tuple(parts)
 
 
-def _check_protected(parts: tuple, request: dict, name: str) -> None:
+def _check_protected(parts: Parts, request: Request, name: str) -> None:
     below = list(request["prefix"]) + list(parts)
     for pattern in request["protected"]:
         width = len(pattern)
@@ -521,7 +528,7 @@ def _check_protected(parts: tuple, request: dict, name: str) -> None:
             raise Refused("protected-path", f"lies inside {kept}, which stays read-only", name)
 
 
-def _check_hard_link(plan: ArchivePlan, parts: tuple, member: tarfile.TarInfo) -> None:
+def _check_hard_link(plan: ArchivePlan, parts: Parts, member: tarfile.TarInfo) -> None:
     target = member_parts(member.linkname)
     linked = plan.members.get(target)
     if linked is None or not linked.isreg() or target == parts:
@@ -539,7 +546,7 @@ class _Tree:
         self.members = plan.members
         self.existing = existing
 
-    def on_disk(self, parts: tuple) -> os.stat_result | None:
+    def on_disk(self, parts: Parts) -> os.stat_result | None:
         if self.existing is None:
             return None
         try:
@@ -547,7 +554,7 @@ class _Tree:
         except (FileNotFoundError, NotADirectoryError):
             return None
 
-    def check_place(self, parts: tuple, member: tarfile.TarInfo) -> None:
+    def check_place(self, parts: Parts, member: tarfile.TarInfo) -> None:
         """Every directory above the member is one (or will be), never a symlink; the
         member does not turn a directory into something else, or the reverse."""
         for depth in range(1, len(parts)):
@@ -582,7 +589,7 @@ class _Tree:
                 member.name,
             )
 
-    def link_at(self, parts: tuple) -> str | None:
+    def link_at(self, parts: Parts) -> str | None:
         member = self.members.get(parts)
         if member is not None:
             return member.linkname if member.issym() else None
@@ -591,7 +598,7 @@ class _Tree:
             return os.readlink(posixpath.join(self.existing or "", *parts))
         return None
 
-    def check_link(self, parts: tuple, target: str) -> None:
+    def check_link(self, parts: Parts, target: str) -> None:
         """Resolve the link in the tree as the kernel will on disk; it must stay inside.
 
         Component by component, each symlink met followed where it stands (a
@@ -637,7 +644,7 @@ class _Tree:
             pending = found.split("/") + pending
 
 
-def _extract_and_place(plan: ArchivePlan, request: dict, base: str, base_fd: int) -> None:
+def _extract_and_place(plan: ArchivePlan, request: Request, base: str, base_fd: int) -> None:
     staging = request["staging"]
     os.mkdir(staging, 0o700, dir_fd=base_fd)
     stage_fd = os.open(staging, DIR_OPEN, dir_fd=base_fd)
@@ -677,7 +684,7 @@ def _extract(plan: ArchivePlan, stage_fd: int) -> None:
     gives them their own modes); those only implied by a member's name get 0755.
     """
     archive = plan.archive
-    made = set()
+    made: set[Parts] = set()
     links = []
     for member in archive.getmembers():
         parts = member_parts(member.name)
@@ -700,7 +707,7 @@ def _extract(plan: ArchivePlan, stage_fd: int) -> None:
         os.link(source, relative, src_dir_fd=stage_fd, dst_dir_fd=stage_fd, follow_symlinks=False)
 
 
-def _make_parents(stage_fd: int, parts: tuple, made: set) -> None:
+def _make_parents(stage_fd: int, parts: Parts, made: set[Parts]) -> None:
     for depth in range(1, len(parts)):
         above = parts[:depth]
         if above not in made:
@@ -728,7 +735,7 @@ def _write_member(
         os.close(fd)
 
 
-def _finish_directories(plan: ArchivePlan, place_fd: int, new_dirs: set | None) -> None:
+def _finish_directories(plan: ArchivePlan, place_fd: int, new_dirs: set[Parts] | None) -> None:
     """Give the directories the archive made their modes and times, deepest first.
 
     Only directories made by this archive: one that was already there keeps its own.
@@ -757,12 +764,12 @@ class Merge:
         self.dest_fd = dest_fd
         self.aside_name = staging + "-replaced"
         self.aside_fd = -1
-        self.journal: list = []
-        self.opened: list = []
-        self.new_dirs: set = set()
+        self.journal: list[tuple[int, str, int, str]] = []
+        self.opened: list[int] = []
+        self.new_dirs: set[Parts] = set()
         self.count = 0
 
-    def run(self, stage_fd: int) -> set:
+    def run(self, stage_fd: int) -> set[Parts]:
         os.mkdir(self.aside_name, 0o700, dir_fd=self.dest_fd)
         self.aside_fd = os.open(self.aside_name, DIR_OPEN, dir_fd=self.dest_fd)
         try:
@@ -779,7 +786,7 @@ class Merge:
             shutil.rmtree(posixpath.join(self.dest, self.aside_name), ignore_errors=True)
         return self.new_dirs
 
-    def _merge(self, source_fd: int, dest_fd: int, above: tuple) -> None:
+    def _merge(self, source_fd: int, dest_fd: int, above: Parts) -> None:
         for name in sorted(os.listdir(source_fd)):
             here = os.stat(name, dir_fd=source_fd, follow_symlinks=False)
             there = _lstat_at(dest_fd, name)

@@ -252,7 +252,7 @@ class SessionTurn:
         wall = round(time.monotonic() - self._started_at, 6)
         if self._spool_failure is not None:
             failed = self._spool_failure
-            code = ExitStatus.PADDOCK_FAILED
+            code: int = ExitStatus.PADDOCK_FAILED
             return Outcome(code, None, None, wall, self._truncated, failure=failed)
         if status is None:
             # The fence went: its session ended (by request, its own limit, or the target).

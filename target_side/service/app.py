@@ -556,7 +556,7 @@ def _install_problem_handlers(app: FastAPI) -> None:
     @app.exception_handler(SessionBusy)
     async def session_busy(_request: Request, exc: SessionBusy) -> JSONResponse:
         extra = {"turn_id": exc.turn_id} if exc.turn_id else {}
-        return _problem(409, "Session busy", str(exc), **extra)
+        return _problem(409, "Session busy", str(exc), None, **extra)
 
     @app.exception_handler(SessionEnded)
     async def session_ended(_request: Request, exc: SessionEnded) -> JSONResponse:

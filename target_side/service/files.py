@@ -30,10 +30,9 @@ import os
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 from fastapi import Depends, FastAPI, Query, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import AfterValidator, ValidationError
 from starlette.requests import ClientDisconnect
@@ -47,6 +46,7 @@ from shared.wire import (
     LeaseRef,
     Refusal,
     RefusedProblem,
+    seat_text,
 )
 from target_side.errors import FileOpFailed, MissingPath, RefusedError, TargetError
 from target_side.fence.file_helper import REQUEST_VARIABLE
@@ -145,6 +145,8 @@ class Actor:
 
     role: str
     lease: LeaseRef | None = None
+    unnamed: tuple[str, ...] = ()
+    """The lease parameters missing when some were given: refused as no lease at all."""
 
 
 LeaseIdParam = Annotated[
@@ -160,44 +162,36 @@ LeaseSeatParam = Annotated[
     Query(
         min_length=1,
         max_length=256,
-        # Said in the schema as the body's seat says it; the lease itself checks it.
-        json_schema_extra={"pattern": SEAT_TEXT},
         description="the lease's seat",
+        json_schema_extra={"pattern": SEAT_TEXT},
     ),
+    AfterValidator(lambda seat: seat if seat is None else seat_text(seat)),
 ]
 LeaseGenerationParam = Annotated[int | None, Query(ge=1, description="the lease's generation")]
 
 
-_LEASE_PARAMS = {"lease_id": "lease_id", "seat": "lease_seat", "generation": "lease_generation"}
+class LeaseQuery(NamedTuple):
+    """The lease a file operation's query names, or which of its parameters are missing."""
+
+    lease: LeaseRef | None
+    unnamed: tuple[str, ...] = ()
 
 
 async def lease_of(
     lease_id: LeaseIdParam = None,
     lease_seat: LeaseSeatParam = None,
     lease_generation: LeaseGenerationParam = None,
-) -> LeaseRef | None:
-    """The lease the query names: all three parameters, or none of them."""
-    given = {"lease_id": lease_id, "seat": lease_seat, "generation": lease_generation}
-    if all(value is None for value in given.values()):
-        return None
-    missing = [
-        {
-            "type": "missing",
-            "loc": ("query", _LEASE_PARAMS[name]),
-            "msg": "a lease is named by lease_id, lease_seat and lease_generation together",
-            "input": None,
-        }
-        for name, value in given.items()
-        if value is None
-    ]
-    if missing:
-        raise RequestValidationError(missing)
-    try:
-        return LeaseRef.model_validate(given)
-    except ValidationError as exc:
-        raise RequestValidationError(
-            [{**e, "loc": ("query", _LEASE_PARAMS[str(e["loc"][0])])} for e in exc.errors()]
-        ) from None
+) -> LeaseQuery:
+    """The lease the query names: all three parameters, or none of them.
+
+    Some without the others is a stale lease (refused, and recorded, as the
+    operation starts), not a malformed request: each parameter alone is valid.
+    """
+    given = {"lease_id": lease_id, "lease_seat": lease_seat, "lease_generation": lease_generation}
+    unnamed = tuple(name for name, value in given.items() if value is None)
+    if lease_id is None or lease_seat is None or lease_generation is None:
+        return LeaseQuery(None, unnamed if len(unnamed) < len(given) else ())
+    return LeaseQuery(LeaseRef(lease_id=lease_id, seat=lease_seat, generation=lease_generation))
 
 
 class HelperRun:
@@ -514,6 +508,12 @@ class FileService:
         op_id = f"t-{uuid.uuid4().hex}"
         facts: dict[str, Any] = {"op_id": op_id, "role": role, "op": op, "path": path}
         try:
+            if who.unnamed:
+                raise refusals.stale_lease(
+                    who.unnamed[0],
+                    "a lease is named by lease_id, lease_seat and lease_generation together; "
+                    f"{', '.join(who.unnamed)} missing",
+                )
             self.manager.leases.admit(role, who.lease)
             plan = await asyncio.to_thread(
                 self._plan, op, role, path, op_id, mode=mode, limit_entries=limit_entries
@@ -758,12 +758,12 @@ def install(app: FastAPI, service: FileService, roles: Any) -> None:
     """Add the file routes to ``app``; ``roles`` is the app's token dependency (an Annotated)."""
 
     async def acting(
-        held: roles,  # type: ignore[valid-type]
+        held: roles,
         role: RoleParam,
-        lease: Annotated[LeaseRef | None, Depends(lease_of)],
+        lease: Annotated[LeaseQuery, Depends(lease_of)],
     ) -> Actor:
         require_role(held, role)
-        return Actor(role, lease)
+        return Actor(role, lease.lease, lease.unnamed)
 
     Acting = Annotated[Actor, Depends(acting)]
 

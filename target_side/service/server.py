@@ -15,8 +15,10 @@ import socket
 import threading
 import time
 from types import TracebackType
+from typing import cast
 
 import uvicorn
+from fastapi import FastAPI
 
 from target_side.config import Settings
 from target_side.errors import TargetError
@@ -76,7 +78,8 @@ class TargetServer(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         for listening in getattr(self, "servers", []):
             listening.close()
-        manager = self.config.app.state.manager
+        # The app this server was made with (uvicorn types it as any ASGI app).
+        manager = cast(FastAPI, self.config.app).state.manager
         await manager.stop(self._settings.server.stop_grace_s, hurry=lambda: self.force_exit)
         await super().shutdown(sockets)
 

@@ -381,8 +381,8 @@ class SessionManager:
             refusal = outcome.refusal if outcome is not None else None
             if refusal is None:
                 why = fence.last_words or "it ended before it was ready"
-                refusal = refusals.no_session_host("python3", f"the session host failed: {why}")
-                refusal = refusal.refusal
+                failed = refusals.no_session_host("python3", f"the session host failed: {why}")
+                refusal = failed.refusal
             await self._refused(record, refusal, None)
             return
         record.update(

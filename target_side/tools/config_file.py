@@ -109,9 +109,10 @@ def check_report(
 ) -> dict[str, Any]:
     """``config check --json``: problems, notes, and the host ids each role's turns run as."""
     roles = {}
-    for name, role in settings.roles.items() if settings is not None else ():
-        uid, gid = settings.role_ids(name)
-        roles[name] = {"uid": uid, "gid": gid, "workspaces": list(role.workspaces)}
+    if settings is not None:
+        for name, role in settings.roles.items():
+            uid, gid = settings.role_ids(name)
+            roles[name] = {"uid": uid, "gid": gid, "workspaces": list(role.workspaces)}
     return {
         "ok": settings is not None and not problems,
         "problems": problems,
@@ -153,11 +154,11 @@ def _path_problems(raw: Mapping[str, Any]) -> list[str]:
         ]
     server = raw.get("server")
     server = server if isinstance(server, Mapping) else {}
-    cert, key = server.get("tls_cert"), server.get("tls_key")
+    cert, key = _absolute(server.get("tls_cert")), _absolute(server.get("tls_key"))
     missing = [
         (name, path)
         for name, path in (("tls_cert", cert), ("tls_key", key))
-        if _absolute_paths([path]) and not os.path.lexists(path)
+        if path is not None and not os.path.lexists(path)
     ]
     for name, path in missing:
         problems.append(f"server.{name}: {path} does not exist")
@@ -166,16 +167,21 @@ def _path_problems(raw: Mapping[str, Any]) -> list[str]:
         problems[-1] += (
             f" (make a certificate and key with: paddock-target tls init --dir {directory})"
         )
-    if _absolute_paths([key]) and os.path.lexists(key):
+    if key is not None and os.path.lexists(key):
         try:
             read_private(Path(key))
         except UnsafeFileError as exc:
             problems.append(f"server.tls_key: {exc}")
         except OSError as exc:
             problems.append(f"server.tls_key: cannot read {key}: {exc.strerror}")
-    if _absolute_paths([cert]) and os.path.lexists(cert) and not os.path.isfile(cert):
+    if cert is not None and os.path.lexists(cert) and not os.path.isfile(cert):
         problems.append(f"server.tls_cert: {cert} is not a regular file")
     return problems
+
+
+def _absolute(value: object) -> str | None:
+    """``value`` if it is an absolute path string; anything else is the validation's to report."""
+    return value if isinstance(value, str) and value.startswith("/") else None
 
 
 def _absolute_paths(values: object) -> list[str]:

@@ -3,6 +3,7 @@ PID 1, else the supervisor (``PREFIX/bin/paddock-supervise`` and its settings be
 
 from __future__ import annotations
 
+import functools
 import grp
 import importlib.resources
 import json
@@ -107,9 +108,7 @@ def install_supervisor(ctx: Context) -> Outcome:
         before = snapshot(path)
         if before is not None and (before.data, before.mode, before.uid) == (data, mode, 0):
             continue
-        ctx.tx.on_failure(
-            f"{path} as it was", lambda path=path, before=before: restore(path, before)
-        )
+        ctx.tx.on_failure(f"{path} as it was", functools.partial(restore, path, before))
         write_file(path, data, mode)
         written.append(str(path))
     if not written:
