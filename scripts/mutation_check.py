@@ -624,7 +624,7 @@ MUTATIONS += (
         '        "--clear-groups",\n',
         '        "--keep-groups",\n',
         (f"{HOST_EDGES}::test_identity_files_a_turn_makes_belong_to_its_role",),
-        also=(('"extra_groups": []', '"extra_groups": None'),),
+        also=(("extra_groups=[] if switch else None", "extra_groups=None"),),
     ),
     Mutation(
         "git-dir-not-a-mount-point",

@@ -74,7 +74,7 @@ class Frame:
         return self.kind in ("stdout", "stderr")
 
 
-def header_of(data: bytes | memoryview, offset: int = 0) -> tuple[int, int, int, int]:
+def header_of(data: bytes | bytearray | memoryview, offset: int = 0) -> tuple[int, int, int, int]:
     """(kind code, length, seq, at) of the header at ``offset``; ``FrameError`` if not one."""
     code, length, seq, at_us = HEADER.unpack_from(data, offset)
     if code != HEARTBEAT and code not in KINDS:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import re
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -555,6 +555,7 @@ class OutputEvent(_EventBase):
     def of_bytes(cls, seq: int, at: datetime, kind: str, data: bytes) -> OutputEvent:
         """The event for ``data`` as it came (a frame): text if UTF-8, else base64, and its
         bytes kept, so a reader writing them out never encodes them back (``output``)."""
+        fields: dict[str, Any]
         try:
             fields = {"data": data.decode()}
         except UnicodeDecodeError:

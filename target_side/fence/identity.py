@@ -130,11 +130,10 @@ class InProcess:
     ) -> FenceProcess:
         uid, gid = ids
         prefix: tuple[str, ...] = ()
-        switch = {}
+        switch = False
         if (uid, gid) != (os.getuid(), os.getgid()):
             prefix = as_ids_prefix(uid, gid)
-            if not prefix:
-                switch = {"user": uid, "group": gid, "extra_groups": []}
+            switch = not prefix  # no setpriv: the child switches (and Python forks whole)
         stdin: int = subprocess.PIPE if stdin_open else subprocess.DEVNULL
         stdout: int = subprocess.PIPE
         stderr: int = subprocess.PIPE
@@ -153,7 +152,9 @@ class InProcess:
                 start_new_session=True,  # a Ctrl-C at the server's terminal is not the turn's
                 close_fds=True,
                 umask=TURN_UMASK,
-                **switch,
+                user=uid if switch else None,
+                group=gid if switch else None,
+                extra_groups=[] if switch else None,
             )
             # Before the worker can reap it: a kill through this never hits a recycled pid.
             with contextlib.suppress(OSError):

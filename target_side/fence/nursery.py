@@ -48,6 +48,7 @@ import subprocess
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from target_side.fence.cgroupfs import TURN_PREFIX
 
@@ -146,7 +147,7 @@ class Worker:
             with contextlib.suppress(OSError):
                 slot.rmdir()
 
-    def _report(self, future: asyncio.Future[object], outcome: object) -> None:
+    def _report(self, future: asyncio.Future[Any], outcome: object) -> None:
         def settle() -> None:
             if future.done():
                 return
