@@ -50,6 +50,8 @@ from agent_side.errors import (
 )
 from agent_side.sse import ServerSentEvent, SSEDecoder
 from shared import __version__
+from shared.frames import MEDIA_TYPE as FRAMES_MEDIA_TYPE
+from shared.frames import Frame, FrameDecoder, FrameError, moment
 from shared.net import is_loopback
 from shared.wire import (
     EVENTS,
@@ -58,6 +60,7 @@ from shared.wire import (
     Health,
     Lease,
     LeaseRequest,
+    OutputEvent,
     PlanResult,
     Problem,
     Refusal,
@@ -79,6 +82,10 @@ _Model = TypeVar("_Model", bound=BaseModel)
 
 class _TurnList(RootModel[list[Turn]]):
     """The body of ``GET /v1/turns``."""
+
+
+EVENTS_ACCEPT = f"{FRAMES_MEDIA_TYPE}, text/event-stream;q=0.5"
+"""Frames from a target that has them; the event stream from one that does not."""
 
 
 class _LeaseList(RootModel[list[Lease]]):
@@ -130,6 +137,10 @@ class TargetClient:
     ``probe_backend`` opens connections the way ``transport`` does, for one
     question asked only when the first exchange fails: does the listener speak
     TLS or plain HTTP (see ``probe``)? Direct connections need none given.
+
+    Events come as frames (``shared.frames``: output as its own bytes, the
+    ended turn in the terminal event) from a target that offers them, else
+    as Server-Sent Events; ``frames=False`` always asks for the event stream.
     """
 
     def __init__(
@@ -143,6 +154,7 @@ class TargetClient:
         retry: RetryPolicy | None = None,
         sleep: Callable[[float], None] = time.sleep,
         probe_backend: httpcore.NetworkBackend | None = None,
+        frames: bool = True,
     ) -> None:
         url = _checked_base_url(base_url, using_transport=transport is not None)
         self._url = url
@@ -155,6 +167,7 @@ class TargetClient:
         self._base_url = str(url).rstrip("/")
         self._retry = retry or RetryPolicy()
         self._sleep = sleep
+        self._accept = EVENTS_ACCEPT if frames else "text/event-stream"
         self._http = httpx.Client(
             base_url=self._base_url,
             verify=tls_context(cacert) if url.scheme == "https" else False,
@@ -371,7 +384,7 @@ class TargetClient:
         if wait is not None:
             params["wait"] = str(wait)
         path = f"/v1/turns/{_segment(turn_id)}/events"
-        headers = {**self._auth, "Accept": "text/event-stream"}
+        headers = {**self._auth, "Accept": self._accept}
         with (
             self._mapped(path),
             self._http.stream("GET", path, params=params, headers=headers) as response,
@@ -380,6 +393,9 @@ class TargetClient:
             if response.status_code != 200:
                 response.read()
                 raise _status_error(response, turn_id=turn_id)
+            if _media_type(response) == FRAMES_MEDIA_TYPE:
+                yield from _frame_events(response.iter_raw())
+                return
             _require_event_stream(response)
             decoder = SSEDecoder()
             chunks = response.iter_bytes()
@@ -623,10 +639,50 @@ def _segment(ident: str, what: str = "turn id") -> str:
     return ident
 
 
+def _media_type(response: httpx.Response) -> str:
+    return response.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
 def _require_event_stream(response: httpx.Response) -> None:
-    media_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
+    media_type = _media_type(response)
     if media_type != "text/event-stream":
         raise ProtocolError(f"the events route answered {media_type or 'no content type'}")
+
+
+def _frame_events(chunks: Iterator[bytes]) -> Iterator[Event]:
+    """Events from a frame stream; output keeps its bytes as they came."""
+    decoder = FrameDecoder()
+    for chunk in chunks:
+        try:
+            found = decoder.feed(chunk)
+        except FrameError as exc:
+            raise ProtocolError(f"the frame stream is broken: {exc}") from exc
+        for index, frame in enumerate(found):
+            event = _event_of_frame(frame)
+            if event.kind in TERMINAL_KINDS:
+                # Read the stream's last bytes before handing over the end: a
+                # response closed unread costs the pooled connection.
+                for _ in chunks:
+                    pass
+                if index + 1 < len(found):
+                    raise ProtocolError(f"frames follow the terminal event {event.seq}")
+            yield event
+    if decoder.pending:
+        raise ProtocolError(f"the frame stream ended inside a frame ({decoder.pending} bytes)")
+
+
+def _event_of_frame(frame: Frame) -> Event:
+    if frame.is_output:
+        return OutputEvent.of_bytes(frame.seq, moment(frame.at_us), frame.kind, frame.payload)
+    try:
+        event: Event = EVENTS.validate_json(frame.payload)
+    except ValidationError as exc:
+        raise ProtocolError(f"a frame is not a valid Event: {_first_error(exc)}") from exc
+    if (event.kind, event.seq) != (frame.kind, frame.seq):
+        raise ProtocolError(
+            f"frame {frame.seq} ({frame.kind}) carries another event ({event.seq}, {event.kind})"
+        )
+    return event
 
 
 def _event_of(frame: ServerSentEvent) -> Event:

@@ -132,7 +132,9 @@ def follow_turn(
         on_event(event)
         if event.kind in TERMINAL_KINDS:
             terminal = event
-    return Finished(client.turn(turn_id), terminal)
+    # The terminal event carries the ended turn (from targets that send it): no GET needed.
+    ended = getattr(terminal, "turn", None)
+    return Finished(ended if ended is not None else client.turn(turn_id), terminal)
 
 
 def exit_status(final: Turn, terminal: Event | None) -> int:
@@ -162,6 +164,8 @@ def sole_role(client: TargetClient) -> str:
 
 def output_bytes(event: OutputEvent) -> bytes:
     """The bytes an output event carries, whichever way it encoded them."""
+    if event.output is not None:
+        return event.output
     if event.data is not None:
         return event.data.encode()
     try:

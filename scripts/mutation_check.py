@@ -107,8 +107,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "bwrap-under-server-env",
         "target_side/fence/identity.py",
-        "            env=BWRAP_ENV,\n            pass_fds=tuple(pass_fds),",
-        "            env={**os.environ, **BWRAP_ENV},\n            pass_fds=tuple(pass_fds),",
+        "                env=BWRAP_ENV,\n",
+        "                env={**os.environ, **BWRAP_ENV},\n",
         ("tests/test_fence.py::test_fence_env_hostile_server_env_never_arrives",),
     ),
     Mutation(
@@ -235,8 +235,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "seccomp-filter-skipped",
         "target_side/fence/launch.py",
-        "        seccomp = syscall_filter.filter_fd(network=plan.network)",
-        "        seccomp = None",
+        "        seccomp = syscall_filter.filter_fd(network=plan.network)\n",
+        "        seccomp = None\n",
         ("tests/test_seccomp.py -k eperm or enosys",),
     ),
     Mutation(
@@ -256,15 +256,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "turn-not-placed-in-its-cgroups",
         "target_side/fence/identity.py",
-        "            limits.place(pid)",
+        "            await asyncio.to_thread(limits.place, pid)",
         "            pass",
-        ("tests/test_limits.py -k pids_limit_caps or memory_hog or cpu_limit",),
+        ("tests/test_nursery.py -k without_a_worker_is_placed",),
     ),
     Mutation(
         # The fork-bomb test refuses to launch its bomb unless the pids limit is seen to hold.
         "pids-limit-dropped",
         "target_side/fence/limits.py",
-        '\n        *([("pids.max", str(limits.pids))] if "pids" in has else []),',
+        '\n        *([("pids.max", str(limits.pids + seats))] if "pids" in has else []),',
         "",
         ("tests/test_limits.py -k pids_limit_caps or fork_bomb",),
     ),
@@ -544,6 +544,56 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
 )
 
+# --- issue 12: a turn's first process born inside its cgroups ----------------------------------
+MUTATIONS += (
+    Mutation(
+        "server-killed-as-a-turns-straggler",
+        "target_side/fence/limits.py",
+        "    return [pid for pid in listed if pid != os.getpid()]",
+        "    return listed",
+        ("tests/test_nursery.py::test_killing_a_turns_cgroup_never_kills_the_server_listed_in_it",),
+    ),
+    Mutation(
+        "turn-born-outside-its-cgroups",
+        "target_side/fence/nursery.py",
+        '                (slot / "tasks").write_text(f"{tid}\\n")',
+        "                pass",
+        ("tests/test_limits.py::test_pids_limit_is_exactly_the_turns_own",),
+    ),
+    Mutation(
+        "worker-takes-a-turns-pid",
+        "target_side/fence/limits.py",
+        "        seats = self.worker.seats if self.worker is not None else 0",
+        "        seats = 0",
+        ("tests/test_limits.py::test_pids_limit_is_exactly_the_turns_own",),
+    ),
+)
+
+# --- issue 12: the ledger line as a turn's commit point -----------------------------------------
+MUTATIONS += (
+    Mutation(
+        "record-believed-over-the-ledgers-end",
+        "target_side/service/turns.py",
+        '            if known is not None and known.kind == "end" and not item.turn.finished:',
+        "            if False:",
+        ("tests/test_ledger_recovery.py -k missed_its_end",),
+    ),
+    Mutation(
+        "retry-key-kept-only-in-the-record",
+        "target_side/service/turns.py",
+        '        key = {"idempotency": record.stored.idempotency} if record.stored.idempotency else {}',
+        "        key = {}",
+        ("tests/test_ledger_recovery.py -k rebuilt_from_the_ledger",),
+    ),
+    Mutation(
+        "end-recorded-before-the-output-is-on-disk",
+        "target_side/service/turns.py",
+        '            await self._ledger_append("end", turn=end, before=record.spool.sync, **facts)',
+        '            await self._ledger_append("end", turn=end, **facts)',
+        ("tests/test_durability.py -k output_is_on_disk",),
+    ),
+)
+
 # --- issue 9: the host side of a turn ---------------------------------------------------------
 HOST_EDGES = "tests/test_host_edges.py"
 MUTATIONS += (
@@ -571,9 +621,10 @@ MUTATIONS += (
     Mutation(
         "supplementary-groups-kept",
         "target_side/fence/identity.py",
-        "            extra_groups=[] if switch else None,",
-        "            extra_groups=None,",
+        '        "--clear-groups",\n',
+        '        "--keep-groups",\n',
         (f"{HOST_EDGES}::test_identity_files_a_turn_makes_belong_to_its_role",),
+        also=(("extra_groups=[] if switch else None", "extra_groups=None"),),
     ),
     Mutation(
         "git-dir-not-a-mount-point",
@@ -1101,8 +1152,8 @@ MUTATIONS += (
     Mutation(
         "lease-not-checked-at-launch",
         "target_side/service/turns.py",
-        "            self.leases.admit(request.role, request.lease)\n            # Off the event loop",
-        "            # Off the event loop",
+        "            self.leases.admit(request.role, request.lease)\n        except RefusedError as exc:",
+        "            pass\n        except RefusedError as exc:",
         ("tests/test_leases.py -k zombie",),
         also=(
             (

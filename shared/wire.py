@@ -7,15 +7,17 @@ whether they are *allowed* is the target's decision, not the model's.
 
 from __future__ import annotations
 
+import base64
 import re
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     TypeAdapter,
     field_validator,
     model_validator,
@@ -547,6 +549,25 @@ class OutputEvent(_EventBase):
     kind: Literal["stdout", "stderr"]
     data: str | None = None
     data_b64: str | None = None
+    _bytes: bytes | None = PrivateAttr(default=None)
+
+    @classmethod
+    def of_bytes(cls, seq: int, at: datetime, kind: str, data: bytes) -> OutputEvent:
+        """The event for ``data`` as it came (a frame): text if UTF-8, else base64, and its
+        bytes kept, so a reader writing them out never encodes them back (``output``)."""
+        fields: dict[str, Any]
+        try:
+            fields = {"data": data.decode()}
+        except UnicodeDecodeError:
+            fields = {"data_b64": base64.b64encode(data).decode()}
+        event = cls.model_construct(seq=seq, at=at, kind=kind, **fields)
+        event._bytes = data
+        return event
+
+    @property
+    def output(self) -> bytes | None:
+        """The bytes, when the event came with them (else from ``data`` or ``data_b64``)."""
+        return self._bytes
 
     @model_validator(mode="after")
     def _one_payload(self) -> OutputEvent:
@@ -561,6 +582,8 @@ class ExitEvent(_EventBase):
     kind: Literal["exit"] = "exit"
     exit_code: int
     signal: int | None = None
+    turn: Turn | None = None
+    """The turn as it ended (as ``GET /v1/turns/{id}`` would answer); absent from older targets."""
 
 
 class RefusedEvent(_EventBase):
@@ -569,6 +592,8 @@ class RefusedEvent(_EventBase):
     kind: Literal["refused"] = "refused"
     refusal: Refusal
     exit_code: int
+    turn: Turn | None = None
+    """The turn as it ended; absent from older targets."""
 
 
 class NoticeEvent(_EventBase):

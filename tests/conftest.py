@@ -112,11 +112,21 @@ async def launch_planned(
     running = await launch_turn(
         find_bwrap(),
         plan,
-        lambda kind, **f: seen.append((kind, f)),
+        lambda kind, **f: seen.append((kind, _as_text(f))),
         limiter if limiter is not None else Limiter.detect(),
         inject,
     )
-    return await running.wait(), seen
+    outcome = await running.wait()
+    await running.cleanup()
+    return outcome, seen
+
+
+def _as_text(fields: dict[str, object]) -> dict[str, object]:
+    """An output event's fields as tests read them: ``data`` text (the runner emits bytes)."""
+    raw = fields.get("raw")
+    if isinstance(raw, bytes):
+        return {"data": raw.decode(errors="replace")}
+    return fields
 
 
 def make_settings(root: Path, ca: trustme.CA, **role_overrides: object) -> Settings:

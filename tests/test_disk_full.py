@@ -16,8 +16,9 @@ from conftest import events, wait_until
 from process_support import OTHER_HEADERS, TargetProcess, write_config
 
 from shared.walk import canonical_path
-from shared.wire import EVENTS, Event
+from shared.wire import Event
 from target_side.service import ledger
+from target_side.service.spool import events_on_disk
 
 BALLAST = 1 << 20
 """Written on the small disk first, so that removing it is how the test frees space."""
@@ -49,10 +50,8 @@ def _causes(c: httpx.Client) -> set[str]:
 
 
 def _spool_events(state: Path, turn_id: str) -> list[Event]:
-    """The spool as it lies on disk: every line must be a whole event."""
-    lines = (state / "turns" / turn_id / "events.jsonl").read_bytes().split(b"\n")
-    assert lines[-1] == b"", "the spool ends mid-line"
-    return [EVENTS.validate_json(line) for line in lines[:-1]]
+    """The spool as it lies on disk: every record must be a whole event (else ValueError)."""
+    return events_on_disk(state / "turns" / turn_id / "events.frames")
 
 
 def _start_filling(target: TargetProcess, state: Path) -> tuple[str, str]:

@@ -259,6 +259,52 @@ def test_retention_sweep_removes_old_finished_turns(tmp_path: Path, ca: trustme.
     assert list((settings.state_root / "turns").iterdir()) == []
 
 
+def test_a_turns_output_is_on_disk_before_its_end_is_recorded(
+    tmp_path: Path, ca: trustme.CA, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ledger's end line vouches for the turn's output: that is synced first (only the
+    terminal event after it is not, since a restart writes it again from the ledger)."""
+    settings = make_settings(Path(canonical_path(tmp_path)), ca)
+    app = create_app(settings)
+    seen: list[tuple[str, str]] = []
+    real_fdatasync, real_append = os.fdatasync, ledger.Ledger._append_lines
+
+    def fdatasync(fd: int) -> None:
+        seen.append(("synced", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fdatasync(fd)
+
+    def append_lines(book: ledger.Ledger, lines: list[bytes], count: int, last: str) -> None:
+        real_append(book, lines, count, last)
+        seen.extend(("recorded", line.decode()) for line in lines)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    monkeypatch.setattr(ledger.Ledger, "_append_lines", append_lines)
+
+    async def scenario() -> str:
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app),
+                base_url="http://paddock",
+                headers={"Authorization": f"Bearer {BUILDER_TOKEN}"},
+            ) as c,
+        ):
+            body = {"role": "builder", "argv": ["echo", "kept"]}
+            turn = (await c.post("/v1/turns", json=body)).json()
+            async with c.stream("GET", f"/v1/turns/{turn['turn_id']}/events") as r:
+                async for _ in r.aiter_lines():
+                    pass
+            return str(turn["turn_id"])
+
+    turn_id = asyncio.run(scenario())
+    spool = str(settings.state_root / "turns" / turn_id / "events.frames")
+    synced = seen.index(("synced", spool))
+    end = next(
+        i for i, (what, text) in enumerate(seen) if '"kind":"end"' in text and turn_id in text
+    )
+    assert synced < end
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -16,6 +16,7 @@ from process_support import REPO, TargetProcess, wait_for_exit, write_config
 from shared.walk import canonical_path
 from shared.wire import EVENTS
 from target_side.service import ledger
+from target_side.service.spool import records_on_disk
 
 SHORT_WRITE = """
 import asyncio, resource, signal, sys
@@ -175,11 +176,10 @@ def test_torn_spool_tail_and_torn_record_are_cut_kept_and_the_turn_rebuilt(
     turn_id = _run_one_turn(first, ["echo", "hello"])
     first.terminate()
     turn_dir = state / "turns" / turn_id
-    spool = turn_dir / "events.jsonl"
-    events_before = spool.read_bytes()
-    # What a crash of the machine can leave: a spool line cut short, a record that is not JSON.
-    *whole, _exit_line = events_before.splitlines(keepends=True)
-    torn_spool = _exit_line[:25]
+    spool = turn_dir / "events.frames"
+    # What a crash of the machine can leave: a spool record cut short, a record that is not JSON.
+    *whole, _exit_record = records_on_disk(spool)
+    torn_spool = _exit_record[:25]
     spool.write_bytes(b"".join(whole) + torn_spool)
     torn_record = (turn_dir / "record.json").read_bytes()[:40]
     (turn_dir / "record.json").write_bytes(torn_record)
@@ -194,14 +194,14 @@ def test_torn_spool_tail_and_torn_record_are_cut_kept_and_the_turn_rebuilt(
     assert (turn["state"], turn["exit_code"]) == ("exited", 0)
     assert [e.kind for e in evs] == ["started", "stdout", "exit"]
     assert evs[-1].exit_code == 0  # type: ignore[union-attr]
-    (kept_spool,) = turn_dir.glob("events.jsonl.torn-*")
+    (kept_spool,) = turn_dir.glob("events.frames.torn-*")
     assert kept_spool.read_bytes() == torn_spool
     (kept_record,) = turn_dir.glob("record.json.torn-*")
     assert kept_record.read_bytes() == torn_record
     recoveries = [r for r in _records(state) if r["kind"] == "recovery"]
     cut = next(r["cut"] for r in recoveries if "cut" in r)
     assert cut == {
-        "file": f"turns/{turn_id}/events.jsonl",
+        "file": f"turns/{turn_id}/events.frames",
         "bytes": len(torn_spool),
         "sha256": hashlib.sha256(torn_spool).hexdigest(),
         "kept": kept_spool.name,
@@ -211,3 +211,61 @@ def test_torn_spool_tail_and_torn_record_are_cut_kept_and_the_turn_rebuilt(
     assert rebuilt["record"]["kept"] == kept_record.name  # type: ignore[index]
     assert rebuilt["record"]["rebuilt_from"] == "ledger"  # type: ignore[index]
     assert ledger.verify(state).count >= 4
+
+
+def test_a_turn_whose_record_missed_its_end_is_ended_as_the_ledger_says(tmp_path: Path) -> None:
+    """The ledger line is the commit point; the record is written after it, lazily: a crash of
+    the machine may leave the record saying ``running`` and the spool without its end."""
+    root = Path(canonical_path(tmp_path))
+    config, url = write_config(root)
+    state = root / "state"
+    first = TargetProcess.start(config, url, root / "first.log")
+    turn_id = _run_one_turn(first, ["echo", "hello"])
+    first.terminate()
+    turn_dir = state / "turns" / turn_id
+    record = json.loads((turn_dir / "record.json").read_bytes())
+    ended = dict(record["turn"])
+    record["turn"] = {k: v for k, v in ended.items() if k not in ("exit_code", "ended_at", "usage")}
+    record["turn"]["state"] = "running"
+    (turn_dir / "record.json").write_text(json.dumps(record))
+    spool = turn_dir / "events.frames"
+    *whole, _exit = records_on_disk(spool)
+    spool.write_bytes(b"".join(whole))
+
+    again = TargetProcess.start(config, url, root / "again.log")
+    try:
+        with again.client() as c:
+            turn = c.get(f"/v1/turns/{turn_id}").json()
+            evs = events(c, turn_id)
+    finally:
+        again.terminate()
+    assert (turn["state"], turn["exit_code"]) == ("exited", 0)  # not lost: it did end
+    assert turn["usage"] == ended["usage"]
+    assert [e.kind for e in evs] == ["started", "stdout", "exit"]
+    assert evs[-1].exit_code == 0  # type: ignore[union-attr]
+    assert json.loads((turn_dir / "record.json").read_bytes())["turn"]["state"] == "exited"
+    ends = [r for r in _records(state) if r["kind"] == "end" and r["turn"]["turn_id"] == turn_id]  # type: ignore[index]
+    assert len(ends) == 1  # the ledger had it already: nothing recorded twice
+
+
+def test_a_retried_request_finds_its_turn_rebuilt_from_the_ledger(tmp_path: Path) -> None:
+    root = Path(canonical_path(tmp_path))
+    config, url = write_config(root)
+    state = root / "state"
+    body = {"role": "builder", "argv": ["true"]}
+    key = {"Idempotency-Key": "asked-before-the-crash"}
+    first = TargetProcess.start(config, url, root / "first.log")
+    with first.client() as c:
+        turn_id = c.post("/v1/turns", json=body, headers=key).json()["turn_id"]
+        events(c, turn_id)
+    first.terminate()
+    (state / "turns" / turn_id / "record.json").unlink()  # never reached the disk
+
+    again = TargetProcess.start(config, url, root / "again.log")
+    try:
+        with again.client() as c:
+            retried = c.post("/v1/turns", json=body, headers=key).json()
+    finally:
+        again.terminate()
+    assert retried["turn_id"] == turn_id
+    assert retried["state"] == "exited"

@@ -51,6 +51,12 @@ def test_pids_limit_caps_the_turns_processes(client: httpx.Client) -> None:
     assert _processes_seen(client, 32) <= 32
 
 
+def test_pids_limit_is_exactly_the_turns_own(client: httpx.Client) -> None:
+    # Neither bubblewrap's outer process nor the server thread that started the turn inside
+    # its cgroups (fence.nursery) takes one of the turn's.
+    assert [_processes_seen(client, pids) for pids in (8, 16)] == [8, 16]
+
+
 def _in_cgroup_of(turn_id: str) -> int:
     """Host processes whose cgroup is the turn's (any hierarchy)."""
     count = 0
@@ -144,7 +150,9 @@ def test_turn_cgroups_are_removed_when_turns_end(client: httpx.Client) -> None:
     turn, _ = run(client, ["true"])
     for hierarchy in Limiter.detect().hierarchies:
         assert hierarchy.turn_parent.name == "paddock-turns"
-        assert not [p for p in hierarchy.turn_parent.iterdir() if turn.turn_id in p.name]
+        # Removed just after the turn's end is out, not before it.
+        parent = hierarchy.turn_parent
+        assert wait_until(lambda p=parent: not [c for c in p.iterdir() if turn.turn_id in c.name])
 
 
 # --- the rlimit fallback, and cgroup v2, where this machine cannot show them ------------------

@@ -117,9 +117,12 @@ def test_openapi_retry_and_auth_headers_are_declared(document: dict[str, Any]) -
     assert submit["401"]["headers"]["WWW-Authenticate"]["required"] is True
 
 
-def test_openapi_events_are_an_event_stream(document: dict[str, Any]) -> None:
+def test_openapi_events_are_an_event_stream_or_frames(document: dict[str, Any]) -> None:
     ok = operations(document)[("get", "/v1/turns/{turn_id}/events")]["responses"]["200"]
-    assert set(ok["content"]) == {"text/event-stream"}
+    assert set(ok["content"]) == {"text/event-stream", "application/x-paddock-frames"}
+    frames = ok["content"]["application/x-paddock-frames"]["schema"]
+    assert (frames["type"], frames["format"]) == ("string", "binary")
+    assert "24-byte header" in frames["description"]
     item = ok["content"]["text/event-stream"]["itemSchema"]
     assert item["required"] == ["id", "event", "data"]
     assert item["properties"]["data"]["contentSchema"] == {"$ref": "#/components/schemas/Event"}

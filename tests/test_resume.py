@@ -14,7 +14,8 @@ import pytest
 from conftest import BUILDER_TOKEN, Target
 
 from agent_side.client import TargetClient
-from shared.wire import TurnRequest
+from agent_side.turns import output_bytes
+from shared.wire import OutputEvent, TurnRequest
 
 
 class CuttingProxy:
@@ -80,8 +81,9 @@ def proxy(target: Target) -> Iterator[CuttingProxy]:
     p.close()
 
 
+@pytest.mark.parametrize("frames", [True, False], ids=["frames", "event-stream"])
 def test_follow_through_dropped_connections_delivers_every_byte_once(
-    target: Target, proxy: CuttingProxy
+    target: Target, proxy: CuttingProxy, frames: bool
 ) -> None:
     count = 1_500_000  # `seq` prints about 10.9 MB
     expected = hashlib.sha256(
@@ -89,18 +91,20 @@ def test_follow_through_dropped_connections_delivers_every_byte_once(
     )
     got = hashlib.sha256()
     seqs: list[int] = []
+    framings: set[bool] = set()
     with TargetClient(
-        f"https://127.0.0.1:{proxy.port}", BUILDER_TOKEN, cacert=target.cacert
+        f"https://127.0.0.1:{proxy.port}", BUILDER_TOKEN, cacert=target.cacert, frames=frames
     ) as client:
-        turn = client.submit(
-            TurnRequest(role="builder", argv=["seq", str(count)]), idempotency_key="resume-test"
-        )
+        request = TurnRequest(role="builder", argv=["seq", str(count)])
+        turn = client.submit(request, idempotency_key=f"resume-test-{frames}")
         for event in client.follow(turn.turn_id):
             seqs.append(event.seq)
-            if event.kind == "stdout":
-                got.update((event.data or "").encode())
+            if isinstance(event, OutputEvent) and event.kind == "stdout":
+                framings.add(event.output is not None)  # only frames bring the bytes themselves
+                got.update(output_bytes(event))
             if event.kind == "exit":
                 assert event.exit_code == 0
     assert got.hexdigest() == expected.hexdigest()
     assert seqs == list(range(1, len(seqs) + 1))
     assert proxy.cuts_left == 0, "the proxy never cut the stream: the test proved nothing"
+    assert framings == {frames}

@@ -21,16 +21,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
+import shutil
 import signal
+import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
 from target_side.config import Settings
-from target_side.fence import audit, home
-from target_side.fence.launcher_client import ViaLauncher
+from target_side.fence import audit, home, pipes
+from target_side.fence.launcher_client import ViaLauncher, WriteProtocol
 from target_side.fence.limits import TurnLimits
+from target_side.fence.nursery import Worker
 from target_side.fence.pidns import signal_namespace
 
 BWRAP_ENV = {"PATH": "/usr/bin:/bin:/usr/local/bin"}
@@ -86,10 +90,12 @@ class Identity(Protocol):
         argv: Sequence[str],
         pass_fds: Sequence[int],
         stdin_open: bool,
+        limits: TurnLimits | None = None,
         *,
         terminal: int | None = None,
     ) -> FenceProcess:
-        """Start ``argv``; with ``terminal`` (a pty's other side) as its stdin, stdout, stderr."""
+        """Start ``argv`` as ``ids``; ``limits`` may let it be born inside its cgroups; with
+        ``terminal`` (a pty's other side) as its stdin, stdout and stderr."""
 
     async def prepare_home(self, state_root: Path, role: str, ids: tuple[int, int]) -> str | None:
         """Make or repair the role's home (``fence.home``); a sentence if it was repaired."""
@@ -118,31 +124,50 @@ class InProcess:
         argv: Sequence[str],
         pass_fds: Sequence[int],
         stdin_open: bool,
+        limits: TurnLimits | None = None,
         *,
         terminal: int | None = None,
     ) -> FenceProcess:
         uid, gid = ids
-        switch = (uid, gid) != (os.getuid(), os.getgid())
-        stdin: int = asyncio.subprocess.PIPE if stdin_open else asyncio.subprocess.DEVNULL
-        stdout: int = asyncio.subprocess.PIPE
-        stderr: int = asyncio.subprocess.PIPE
+        prefix: tuple[str, ...] = ()
+        switch = False
+        if (uid, gid) != (os.getuid(), os.getgid()):
+            prefix = as_ids_prefix(uid, gid)
+            switch = not prefix  # no setpriv: the child switches (and Python forks whole)
+        stdin: int = subprocess.PIPE if stdin_open else subprocess.DEVNULL
+        stdout: int = subprocess.PIPE
+        stderr: int = subprocess.PIPE
         if terminal is not None:
             stdin = stdout = stderr = terminal
-        process = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=stdin,
-            stdout=stdout,
-            stderr=stderr,
-            env=BWRAP_ENV,
-            pass_fds=tuple(pass_fds),
-            start_new_session=True,  # a Ctrl-C at the server's terminal is not the turn's
-            close_fds=True,
-            umask=TURN_UMASK,
-            user=uid if switch else None,
-            group=gid if switch else None,
-            extra_groups=[] if switch else None,
-        )
-        return LocalProcess(process)
+        held: list[int] = []
+
+        def start() -> subprocess.Popen[bytes]:
+            process = subprocess.Popen(
+                [*prefix, *argv],
+                stdin=stdin,
+                stdout=stdout,
+                stderr=stderr,
+                env=BWRAP_ENV,
+                pass_fds=tuple(pass_fds),
+                start_new_session=True,  # a Ctrl-C at the server's terminal is not the turn's
+                close_fds=True,
+                umask=TURN_UMASK,
+                user=uid if switch else None,
+                group=gid if switch else None,
+                extra_groups=[] if switch else None,
+            )
+            # Before the worker can reap it: a kill through this never hits a recycled pid.
+            with contextlib.suppress(OSError):
+                held.append(os.pidfd_open(process.pid))
+            return process
+
+        loop = asyncio.get_running_loop()
+        worker = limits.worker if limits is not None else None
+        worker = worker or Worker(loop)
+        process = await worker.start(start)
+        if limits is not None and worker is limits.worker:
+            limits.born_inside = True
+        return await LocalProcess.started(process, worker, held[0] if held else None)
 
     async def prepare_home(self, state_root: Path, role: str, ids: tuple[int, int]) -> str | None:
         return await asyncio.to_thread(home.prepare_home, state_root, role, *ids)
@@ -153,37 +178,116 @@ class InProcess:
         return await asyncio.to_thread(audit.enforce, expected, turn_id)
 
 
-class LocalProcess:
-    """bubblewrap as the server's own child: signalled and placed by the server itself."""
+def as_ids_prefix(uid: int, gid: int) -> tuple[str, ...]:
+    """``setpriv`` switching to ``uid:gid`` with no groups and no capabilities; () without one.
 
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
+    Switching ids in the child itself makes Python fork the whole server (its
+    page tables: several milliseconds, growing with its memory), where a child
+    that keeps the server's ids is started with ``vfork``. Its real, effective
+    and saved ids all become the role's once bubblewrap is executed, and no
+    capability survives: the same as Python's own switch.
+    """
+    setpriv = _setpriv()
+    if setpriv is None:
+        return ()
+    return (
+        setpriv,
+        f"--reuid={uid}",
+        f"--regid={gid}",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--ambient-caps=-all",
+        "--",
+    )
+
+
+@functools.cache
+def _setpriv() -> str | None:
+    """util-linux's ``setpriv`` on the trusted path, if it takes the options used (2.31+)."""
+    found = shutil.which("setpriv", path=BWRAP_ENV["PATH"])
+    if found is None:
+        return None
+    own = f"--reuid={os.getuid()}", f"--regid={os.getgid()}", "--keep-groups"
+    probe = [found, *own, "--inh-caps=-all", "--ambient-caps=-all", "--", "true"]
+    done = subprocess.run(probe, capture_output=True, env=BWRAP_ENV, check=False)
+    return found if done.returncode == 0 else None
+
+
+def warm() -> None:
+    """Find the helpers spawning uses, once, before a turn needs them (blocking)."""
+    _setpriv()
+
+
+class LocalProcess:
+    """bubblewrap as the server's own child: signalled and placed by the server itself.
+
+    Started and waited for by a ``Worker`` thread; its pipes are the event loop's streams.
+    """
+
+    def __init__(self, process: subprocess.Popen[bytes], worker: Worker, pidfd: int | None) -> None:
         self._process = process
+        self._worker = worker
+        self._pidfd = pidfd
         self.pid = process.pid
-        self.stdin = process.stdin
-        self.stdout = process.stdout
-        self.stderr = process.stderr
+        self.stdin: asyncio.StreamWriter | None = None
+        self.stdout: asyncio.StreamReader | None = None
+        self.stderr: asyncio.StreamReader | None = None
         self.lost: str | None = None
         self._reaper: int | None = None
         self._reaper_pid: int | None = None
         self._pid_ns: int | None = None
 
+    @classmethod
+    async def started(
+        cls, process: subprocess.Popen[bytes], worker: Worker, pidfd: int | None
+    ) -> LocalProcess:
+        """``process``, its pipes connected to the running loop."""
+        this = cls(process, worker, pidfd)
+        loop = asyncio.get_running_loop()
+        for pipe in (process.stdout, process.stderr):
+            if pipe is not None:
+                pipes.widen(pipe.fileno())
+        if process.stdin is not None:
+            transport, protocol = await loop.connect_write_pipe(WriteProtocol, process.stdin)
+            this.stdin = asyncio.StreamWriter(transport, protocol, None, loop)
+        readers: list[asyncio.StreamReader | None] = []
+        for pipe in (process.stdout, process.stderr):
+            if pipe is None:  # a terminal turn: its output is the pty's
+                readers.append(None)
+                continue
+            reader = asyncio.StreamReader(limit=pipes.READ_BYTES)
+            await loop.connect_read_pipe(
+                lambda r=reader: asyncio.StreamReaderProtocol(r),  # type: ignore[misc]
+                pipe,
+            )
+            readers.append(reader)
+        this.stdout, this.stderr = readers
+        return this
+
     @property
     def returncode(self) -> int | None:
-        return self._process.returncode
+        ended = self._worker.ended
+        return ended.result() if ended.done() and not ended.exception() else None
 
     async def wait(self) -> int:
-        return await self._process.wait()
+        return await asyncio.shield(self._worker.ended)
 
     async def communicate(self) -> tuple[bytes, bytes]:
-        return await self._process.communicate()
+        async def drain(stream: asyncio.StreamReader | None) -> bytes:
+            return b"" if stream is None else await stream.read()
+
+        out, err = await asyncio.gather(drain(self.stdout), drain(self.stderr))
+        await self.wait()
+        return out, err
 
     async def adopt(self, pid: int, pid_ns: int | None, limits: TurnLimits | None) -> None:
         # Held as a pidfd so a later kill cannot hit a recycled pid.
         with contextlib.suppress(OSError):
             self._reaper = os.pidfd_open(pid)
         self._reaper_pid, self._pid_ns = pid, pid_ns
-        if limits is not None:
-            limits.place(pid)
+        if limits is not None and not limits.born_inside:
+            # Off the event loop: a cgroup v1 move waits out an RCU grace period (~10 ms).
+            await asyncio.to_thread(limits.place, pid)
 
     def signal_fence(self, signum: int) -> int:
         return signal_namespace(self._pid_ns, self._reaper_pid, signum)
@@ -196,11 +300,17 @@ class LocalProcess:
             self.kill()
 
     def kill(self) -> None:
-        if self._process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGKILL)
+        if self._worker.ended.done():
+            return
+        if self._pidfd is not None:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
 
     def release(self) -> None:
-        if self._reaper is not None:
-            os.close(self._reaper)
-            self._reaper = None
+        for fd in (self._reaper, self._pidfd):
+            if fd is not None:
+                os.close(fd)
+        self._reaper = self._pidfd = None

@@ -21,9 +21,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import shutil
+import signal
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from shared.wire import Refusal
@@ -75,13 +77,34 @@ def find_bwrap() -> str:
     return found
 
 
-@functools.cache
+RESTORED_BY_SPAWN = frozenset({signal.SIGPIPE, signal.SIGXFSZ})
+"""Ignored by Python itself, and put back to their defaults in every child it spawns."""
+CATCHABLE = tuple(
+    s
+    for s in signal.valid_signals()
+    if s not in (signal.SIGKILL, signal.SIGSTOP, *RESTORED_BY_SPAWN)
+)
+
+
 def signal_reset_prefix() -> tuple[str, ...]:
-    """A prefix that starts bwrap with every signal at its default action, where ``env`` can.
+    """A prefix starting bwrap with every signal at its default action, when one is ignored.
 
     Ignored signals survive exec: a server started with SIGINT ignored (a
     background job, some supervisors) would hand that to every turn, and a
-    forwarded Ctrl-C would reach processes deaf to it.
+    forwarded Ctrl-C would reach processes deaf to it. Looked at on every
+    launch (a few microseconds), since the server's dispositions can change;
+    when nothing is ignored, as under systemd, no extra program runs.
+    """
+    if not any(signal.getsignal(s) == signal.SIG_IGN for s in CATCHABLE):
+        return ()
+    return env_default_signal()
+
+
+@functools.cache
+def env_default_signal() -> tuple[str, ...]:
+    """``env --default-signal --`` where this system's ``env`` has it (coreutils 8.31+).
+
+    Probed once with a child process; the server does so when it starts, off the event loop.
     """
     env = shutil.which("env", path=TRUSTED_BIN_PATH)
     if env is None:
@@ -236,18 +259,26 @@ def args_fd(options: Sequence[str]) -> int:
     return memory_file("paddock-args", b"".join(o.encode() + b"\0" for o in options))
 
 
-def explain_setup_failure(stderr_tail: bytes) -> Refusal:
-    """The refusal for a bubblewrap that failed before the command ran, from its own words."""
+def explain_setup_failure(stderr_tail: bytes, sources: Mapping[int, str] | None = None) -> Refusal:
+    """The refusal for a bubblewrap that failed before the command ran, from its own words.
+
+    ``sources`` names what each held descriptor is, so that bubblewrap's
+    ``/proc/self/fd/N`` is said as the path a person knows.
+    """
     tail = stderr_tail.decode(errors="replace").strip().splitlines()
     last = tail[-1] if tail else "no message"
+    # Matched as bubblewrap said it; said with the paths a person knows.
+    said = last
+    for fd, path in (sources or {}).items():
+        said = re.sub(rf"/proc/self/fd/{fd}\b", f"{path} (/proc/self/fd/{fd})", said)
     if "execvp" in last:
-        why = f"could not be executed in the fence ({last})"
+        why = f"could not be executed in the fence ({said})"
         return refusals.not_executable("argv[0]", "", why).refusal
     if "Race condition binding dirfd" in last or "Can't find source path /proc/self/fd/" in last:
         # A held source was replaced or unlinked (a package upgrade, useradd rewriting
         # /etc/passwd) between bwrap resolving its descriptor and mounting it.
-        return refusals.path_changed("fence", None, None, f"bubblewrap: {last}").refusal
-    why = f"bubblewrap could not set up the fence: {last}"
+        return refusals.path_changed("fence", None, None, f"bubblewrap: {said}").refusal
+    why = f"bubblewrap could not set up the fence: {said}"
     return refusals.backend_unavailable(why).refusal
 
 
@@ -310,6 +341,7 @@ async def launch_turn(
             argv,
             fds.passed(),
             plan.stdin_open,
+            limits,
             terminal=terminal,
         )
     except (LimitError, LauncherError) as exc:
@@ -330,6 +362,8 @@ async def launch_turn(
     # The runner keeps the status pipe's read end, the gate's write end and the pty's master;
     # bwrap has the rest.
     _close_all(fd for fd in opened if fd not in (status_read, block_write, master))
+    sources = {fd: m.source for m, fd in zip(plan.mounts, held.mounts, strict=True) if fd}
+    sources[held.exe] = plan.executable.path
     return kind(
         process,
         status_read,
@@ -337,7 +371,7 @@ async def launch_turn(
         plan.limits.wall_s,
         plan.limits.output_mb << 20,
         Gate(block_write, limits),
-        explain_setup_failure,
+        lambda tail: explain_setup_failure(tail, sources),
         terminal=master,
     )
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from target_side.errors import LauncherError
+from target_side.fence import pipes
 from target_side.fence.launcher import Channel, close_all
 from target_side.fence.limits import TurnLimits
 
@@ -86,9 +87,11 @@ class ViaLauncher:
         argv: Sequence[str],
         pass_fds: Sequence[int],
         stdin_open: bool,
+        limits: TurnLimits | None = None,
         *,
         terminal: int | None = None,
     ) -> LaunchedProcess:
+        # ``limits``: placed by the launcher once the fence is up (``adopt``), never born inside.
         theirs: list[int] = []
         ours: list[int] = []
         channel: Channel | None = None
@@ -104,6 +107,7 @@ class ViaLauncher:
                 theirs.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
             for _ in ("stdout", "stderr") if terminal is None else ():
                 read, write = os.pipe()
+                pipes.widen(read)
                 theirs.append(write)
                 ours.append(read)
             if {0, 1, 2} & set(pass_fds):
@@ -171,12 +175,12 @@ class LaunchedProcess:
         loop = asyncio.get_running_loop()
         if stdin_open:
             transport, protocol = await loop.connect_write_pipe(
-                _WriteProtocol, os.fdopen(ours.pop(0), "wb", 0)
+                WriteProtocol, os.fdopen(ours.pop(0), "wb", 0)
             )
             self.stdin = asyncio.StreamWriter(transport, protocol, None, loop)
         readers = []
         for fd in ours:
-            reader = asyncio.StreamReader()
+            reader = asyncio.StreamReader(limit=pipes.READ_BYTES)
             await loop.connect_read_pipe(
                 functools.partial(asyncio.StreamReaderProtocol, reader), os.fdopen(fd, "rb", 0)
             )
@@ -256,5 +260,5 @@ class LaunchedProcess:
             self._channel.close()
 
 
-class _WriteProtocol(asyncio.streams.FlowControlMixin):
+class WriteProtocol(asyncio.streams.FlowControlMixin):
     """The turn's stdin pipe: ``StreamWriter.drain`` waits on its flow control."""

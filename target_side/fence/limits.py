@@ -62,6 +62,7 @@ from target_side.fence.cgroupfs import (
     v2_mount,
     words,
 )
+from target_side.fence.nursery import Nursery, Worker, remove_when_empty
 
 log = logging.getLogger("paddock.target")
 
@@ -122,6 +123,18 @@ class Limiter:
     def __init__(self, hierarchies: Iterable[Hierarchy], rlimits: bool = True) -> None:
         self.hierarchies = tuple(hierarchies)
         self.rlimits = rlimits
+        self.nursery: Nursery | None = None
+
+    def start_nursery(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Keep workers settled in fresh turn cgroups (``fence.nursery``): cgroup v1 only."""
+        if self.hierarchies and all(h.version == 1 for h in self.hierarchies):
+            self.nursery = Nursery(loop, [h.turn_parent for h in self.hierarchies])
+
+    def close(self) -> None:
+        """Stop the nursery (blocking, briefly): its settled workers end, their slots go."""
+        if self.nursery is not None:
+            self.nursery.close()
+            self.nursery = None
 
     @classmethod
     def detect(cls, proc: Path = Path("/proc/self"), totals: Totals | None = None) -> Limiter:
@@ -198,11 +211,19 @@ class Limiter:
         return "; ".join(problems) or None
 
     def for_turn(self, turn_id: str, limits: PlannedLimits) -> TurnLimits:
-        """Create ``turn_id``'s cgroups with ``limits`` written; nothing runs in them yet."""
-        turn = TurnLimits(self, f"{TURN_PREFIX}{os.getpid()}-{turn_id}", limits)
+        """Create ``turn_id``'s cgroups with ``limits`` written; nothing runs in them yet.
+
+        With a settled worker free, its slot becomes the turn's cgroups (renamed):
+        the worker's thread then starts the turn's first process inside them.
+        """
+        worker = self.nursery.take() if self.nursery is not None else None
+        turn = TurnLimits(self, f"{TURN_PREFIX}{os.getpid()}-{turn_id}", limits, worker=worker)
         try:
-            for hierarchy in self.hierarchies:
-                turn.create(hierarchy)
+            if worker is not None:
+                turn.take_slot(worker)
+            else:
+                for hierarchy in self.hierarchies:
+                    turn.create(hierarchy)
         except OSError as exc:
             turn.remove_now()
             raise LimitError(f"could not set up the turn's cgroups: {exc}") from exc
@@ -270,19 +291,38 @@ class TurnLimits:
     name: str
     limits: PlannedLimits
     dirs: dict[Path, Hierarchy] = field(default_factory=dict)
+    worker: Worker | None = None
+    """A thread of the server settled in these cgroups, to start the turn's first process."""
+    born_inside: bool = False
+    """The worker started it: it was in these cgroups from its first instruction."""
 
     def create(self, hierarchy: Hierarchy) -> None:
         path = hierarchy.turn_parent / self.name
         path.mkdir(mode=0o755)
         self.dirs[path] = hierarchy
-        for name, value in _settings(hierarchy, self.limits):
+        self._write_limits(path, hierarchy)
+
+    def take_slot(self, worker: Worker) -> None:
+        """The worker's slot, renamed for this turn, with its limits written."""
+        for slot, hierarchy in zip(worker.dirs, self.limiter.hierarchies, strict=True):
+            path = slot.parent / self.name
+            slot.rename(path)
+            self.dirs[path] = hierarchy
+            self._write_limits(path, hierarchy)
+
+    def _write_limits(self, path: Path, hierarchy: Hierarchy) -> None:
+        # Tasks there that are not the turn's (``Worker.seats``): the turn has exactly its own.
+        seats = self.worker.seats if self.worker is not None else 0
+        for name, value in _settings(hierarchy, self.limits, seats):
             _write(path / name, value, optional=name in _OPTIONAL)
 
     def place(self, pid: int) -> None:
         """Put ``pid`` (bubblewrap's sandbox process, still blocked) into the turn's cgroups.
 
-        Its children inherit the membership.
+        Its children inherit the membership. Nothing to do for a process born inside.
         """
+        if self.born_inside:
+            return
         for path in self.dirs:
             (path / "cgroup.procs").write_text(f"{pid}\n")
 
@@ -325,6 +365,9 @@ class TurnLimits:
 
     async def remove(self) -> None:
         """Kill any stragglers and remove the cgroups (a dying process keeps one busy briefly)."""
+        if self.worker is not None:
+            # It ends once it has reaped the turn's process, which takes it out of them.
+            await asyncio.to_thread(self.worker.join, 1.0)
         for _ in range(REMOVE_TRIES):
             if self._try_remove():
                 return
@@ -333,7 +376,13 @@ class TurnLimits:
         log.warning("could not remove cgroups of %s: %s", self.name, ", ".join(map(str, self.dirs)))
 
     def remove_now(self) -> None:
-        """Remove without waiting (nothing was ever placed in them)."""
+        """Remove without waiting (nothing was ever placed in them but a worker, sent away)."""
+        if self.worker is not None:
+            self.worker.discard()
+            self.worker.join(1.0)
+            remove_when_empty(list(self.dirs))
+            self.dirs.clear()
+            return
         self._try_remove()
 
     def _try_remove(self) -> bool:
@@ -360,7 +409,7 @@ _OPTIONAL = {
 (A controller the parent cannot hand down fails the turn's own limit, loudly, instead.)"""
 
 
-def _settings(hierarchy: Hierarchy, limits: PlannedLimits) -> list[tuple[str, str]]:
+def _settings(hierarchy: Hierarchy, limits: PlannedLimits, seats: int = 0) -> list[tuple[str, str]]:
     memory = str(limits.memory_mb << 20)
     quota = str(max(1000, round(limits.cpu * CPU_PERIOD_US)))
     has = hierarchy.controllers
@@ -371,7 +420,7 @@ def _settings(hierarchy: Hierarchy, limits: PlannedLimits) -> list[tuple[str, st
                 if "memory" in has
                 else []
             ),
-            *([("pids.max", str(limits.pids))] if "pids" in has else []),
+            *([("pids.max", str(limits.pids + seats))] if "pids" in has else []),
             *([("cpu.max", f"{quota} {CPU_PERIOD_US}")] if "cpu" in has else []),
         ]
     return [
@@ -381,7 +430,7 @@ def _settings(hierarchy: Hierarchy, limits: PlannedLimits) -> list[tuple[str, st
             if "memory" in has
             else []
         ),
-        *([("pids.max", str(limits.pids))] if "pids" in has else []),
+        *([("pids.max", str(limits.pids + seats))] if "pids" in has else []),
         *(
             [("cpu.cfs_period_us", str(CPU_PERIOD_US)), ("cpu.cfs_quota_us", quota)]
             if "cpu" in has
@@ -462,10 +511,12 @@ def _keyed(path: Path) -> dict[str, int]:
 
 
 def _pids(path: Path) -> list[int]:
+    """The processes in a turn's cgroup: never the server, whose worker thread may be one."""
     try:
-        return [int(p) for p in (path / "cgroup.procs").read_text().split()]
+        listed = [int(p) for p in (path / "cgroup.procs").read_text().split()]
     except (OSError, ValueError):
         return []
+    return [pid for pid in listed if pid != os.getpid()]
 
 
 def _kill_member(pid: int, cgroup: Path) -> None:

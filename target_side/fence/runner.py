@@ -17,8 +17,6 @@ the placement into limits go through it, the same either way.
 from __future__ import annotations
 
 import asyncio
-import base64
-import codecs
 import contextlib
 import errno
 import fcntl
@@ -34,11 +32,11 @@ from dataclasses import dataclass, field
 from shared.exit_status import ExitStatus, for_signal, signal_of
 from shared.wire import Refusal
 from target_side.errors import LauncherError, StorageError
+from target_side.fence import pipes
 from target_side.fence.identity import FenceProcess
 from target_side.fence.limits import TurnLimits, Usage
 from target_side.policy import refusals
 
-READ_CHUNK = 64 * 1024
 STDERR_TAIL = 4096
 SIGNALS = {
     "INT": signal.SIGINT,
@@ -85,6 +83,42 @@ class _Status:
     started: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+def whole_characters(data: bytes) -> int:
+    """Where ``data`` ends on a whole UTF-8 character: a character split by a read is held
+    back for the next one, so each output event of UTF-8 text is text (event-stream clients
+    get ``data``, not ``data_b64``). Bytes that are not UTF-8 are never held."""
+    end = len(data)
+    for back in range(1, min(4, end) + 1):
+        byte = data[end - back]
+        if byte < 0x80:
+            return end
+        if byte >= 0xC0:  # the lead byte of the last character: whole if all of it is here
+            size = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return end if back >= size else end - back
+    return end
+
+
+class WholeCharacters:
+    """A byte stream cut where reads cut it, but never inside a UTF-8 character.
+
+    What ``feed`` returns is raw output for one event; the bytes of a character
+    a read split are held for the next feed (``rest`` gives them at the end).
+    """
+
+    def __init__(self) -> None:
+        self._held = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = self._held + chunk
+        cut = whole_characters(data)
+        self._held = data[cut:]
+        return data[:cut]
+
+    def rest(self) -> bytes:
+        held, self._held = self._held, b""
+        return held
+
+
 def set_terminal_size(master: int, rows: int, cols: int) -> None:
     """A pty's window size; the kernel tells its foreground job (SIGWINCH)."""
     fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
@@ -100,25 +134,6 @@ class _TerminalProtocol(asyncio.StreamReaderProtocol):
         if isinstance(exc, OSError) and exc.errno == errno.EIO:
             exc = None
         super().connection_lost(exc)
-
-
-class OutputDecoder:
-    """Turns a byte stream into text events, holding back a split UTF-8 character.
-
-    Bytes that are not valid UTF-8 go out as base64 rather than being mangled.
-    """
-
-    def __init__(self) -> None:
-        self._decoder = codecs.getincrementaldecoder("utf-8")()
-
-    def feed(self, chunk: bytes, final: bool = False) -> dict[str, str] | None:
-        pending = self._decoder.getstate()[0]
-        try:
-            text = self._decoder.decode(chunk, final=final)
-        except UnicodeDecodeError:
-            self._decoder.reset()
-            return {"data_b64": base64.b64encode(pending + chunk).decode()}
-        return {"data": text} if text else None
 
 
 class RunningTurn:
@@ -154,13 +169,17 @@ class RunningTurn:
         self._truncated = False
         self._started_at = time.monotonic()
         self._status_task = asyncio.create_task(self._read_status(status_fd))
+        # Opened now, not when the turn is followed: keystrokes may come before that.
+        self._terminal_task = (
+            asyncio.create_task(self._terminal_output()) if terminal is not None else None
+        )
 
     async def wait(self) -> Outcome:
         """Stream output until the turn ends (or its wall time runs out), then say how it ended."""
         pumps = asyncio.gather(
             self._pump(self._proc.stdout, "stdout"),
             self._pump(self._proc.stderr, "stderr"),
-            self._pump(await self._terminal_output(), "stdout"),
+            self._pump(await self._terminal_task if self._terminal_task else None, "stdout"),
         )
         try:
             await asyncio.wait_for(asyncio.shield(self._proc.wait()), self._wall_s)
@@ -178,7 +197,7 @@ class RunningTurn:
             self._close_gate()
             self._close_terminal()
             self._proc.release()
-            usage = await self._release_limits()
+            usage = self._read_usage()
         outcome = self._outcome(self._proc.returncode or 0)
         outcome.cpu_s, outcome.max_rss_kb = usage.cpu_s, usage.max_rss_kb
         return outcome
@@ -196,7 +215,7 @@ class RunningTurn:
             )
             self.kill()
 
-    async def _release_limits(self) -> Usage:
+    def _read_usage(self) -> Usage:
         limits = self._gate.limits if self._gate is not None else None
         if limits is None:
             return Usage()
@@ -207,8 +226,13 @@ class RunningTurn:
                 message=f"out of memory: the kernel killed {usage.oom_kills} "
                 f"process(es) of the turn at its memory limit",
             )
-        await limits.remove()
         return usage
+
+    async def cleanup(self) -> None:
+        """Remove the turn's cgroups (once ``wait`` returned; its end need not wait for this)."""
+        limits = self._gate.limits if self._gate is not None else None
+        if limits is not None:
+            await limits.remove()
 
     def _outcome(self, returncode: int) -> Outcome:
         wall = round(time.monotonic() - self._started_at, 6)
@@ -239,21 +263,24 @@ class RunningTurn:
         return refusals.backend_unavailable(why).refusal
 
     async def _pump(self, stream: asyncio.StreamReader | None, kind: str) -> None:
+        """The stream's bytes as output events, as read: never decoded, escaped or encoded."""
         if stream is None:
             return
-        decoder = OutputDecoder()
-        while chunk := await stream.read(READ_CHUNK):
+        whole = WholeCharacters()
+        while chunk := await stream.read(pipes.READ_BYTES):
             if kind == "stderr":
                 self._stderr_tail = (self._stderr_tail + chunk)[-STDERR_TAIL:]
-            self._deliver(kind, decoder.feed(self._within_output_limit(chunk)))
-        self._deliver(kind, decoder.feed(b"", final=True))
+            if data := whole.feed(self._within_output_limit(chunk)):
+                self._emit(kind, raw=data)
+        if rest := whole.rest():
+            self._emit(kind, raw=rest)
 
     async def _terminal_output(self) -> asyncio.StreamReader | None:
         """The pty master as a stream (its keystrokes' writer alongside), for a terminal turn."""
         if self._terminal is None:
             return None
         loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader()
+        reader = asyncio.StreamReader(limit=pipes.READ_BYTES)
         await loop.connect_read_pipe(
             lambda: _TerminalProtocol(reader), os.fdopen(os.dup(self._terminal), "rb", 0)
         )
@@ -271,10 +298,6 @@ class RunningTurn:
             with contextlib.suppress(OSError):
                 os.close(self._terminal)
             self._terminal = None
-
-    def _deliver(self, kind: str, payload: dict[str, str] | None) -> None:
-        if payload:
-            self._emit(kind, **payload)
 
     def _within_output_limit(self, chunk: bytes) -> bytes:
         if self._output_left >= len(chunk):
@@ -367,6 +390,8 @@ class RunningTurn:
 
     async def write_stdin(self, data: bytes, eof: bool) -> None:
         """Bytes for the turn's stdin; a terminal turn's are keystrokes (eof is ^D there)."""
+        if self._terminal_task is not None:
+            await self._terminal_task
         stdin = self._keys if self._terminal is not None else self._proc.stdin
         if stdin is None or stdin.is_closing():
             raise BrokenPipeError("the turn's stdin is closed")

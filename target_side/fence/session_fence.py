@@ -26,8 +26,9 @@ from typing import Any
 from shared.exit_status import ExitStatus, for_signal, signal_of
 from shared.wire import Tty
 from target_side.errors import StorageError
+from target_side.fence import pipes
 from target_side.fence import session_host as host
-from target_side.fence.runner import READ_CHUNK, SIGNALS, Emit, Outcome, OutputDecoder, RunningTurn
+from target_side.fence.runner import SIGNALS, Emit, Outcome, RunningTurn, WholeCharacters
 
 log = logging.getLogger("paddock.target")
 
@@ -89,7 +90,7 @@ class SessionFence(RunningTurn):
     async def _host_diagnostics(self, stream: asyncio.StreamReader) -> None:
         # Only the host writes here (the shell's stderr is its pty): bubblewrap's setup
         # failures, or a host that broke. Kept for the refusal, and logged.
-        while chunk := await stream.read(READ_CHUNK):
+        while chunk := await stream.read(pipes.READ_BYTES):
             self._stderr_tail = (self._stderr_tail + chunk)[-4096:]
             for line in chunk.decode(errors="replace").splitlines():
                 if line.strip():
@@ -167,7 +168,7 @@ class SessionTurn:
         self._stdin_open = stdin_open or tty is not None
         self._tty = tty
         self._eof_sent = False
-        self._decoders = {"stdout": OutputDecoder(), "stderr": OutputDecoder()}
+        self._whole = {"stdout": WholeCharacters(), "stderr": WholeCharacters()}
         self._ended: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
         self._started_at = time.monotonic()
         self._timed_out = False
@@ -202,9 +203,9 @@ class SessionTurn:
             )
 
     def output(self, kind: str, data: bytes) -> None:
-        payload = self._decoders[kind].feed(self._within_output_limit(data))
-        if payload:
-            self._emit(kind, **payload)
+        # The bytes as the shell wrote them (a frame), never a character split in two.
+        if raw := self._whole[kind].feed(self._within_output_limit(data)):
+            self._emit(kind, raw=raw)
 
     def notice(self, message: str) -> None:
         self._emit("notice", message=message)
@@ -240,10 +241,9 @@ class SessionTurn:
             self._fence.ending = "the session's shell did not answer after its turn was killed"
             self._fence.kill()
             status = await self._ended
-        for kind, decoder in self._decoders.items():
-            payload = decoder.feed(b"", final=True)
-            if payload:
-                self._emit(kind, **payload)
+        for kind, whole in self._whole.items():
+            if rest := whole.rest():
+                self._emit(kind, raw=rest)
         if self._fence.turn is self:
             self._fence.turn = None
         return self._outcome(status)
@@ -265,6 +265,9 @@ class SessionTurn:
         if self._timed_out:
             return Outcome(ExitStatus.TIMED_OUT, None, None, wall, self._truncated)
         return Outcome(status, signal_of(status), None, wall, self._truncated)
+
+    async def cleanup(self) -> None:
+        """Nothing: the turn's processes are the session's, and so are its cgroups."""
 
     def signal(self, name: str) -> int:
         """Send ``name`` to the turn's command (the shell's foreground job)."""

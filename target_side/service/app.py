@@ -12,6 +12,7 @@ target itself (no CDN: a target may have no way out).
 """
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -25,6 +26,8 @@ from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from shared import frames
+from shared.frames import MEDIA_TYPE as FRAMES_MEDIA_TYPE
 from shared.wire import (
     TERMINAL_KINDS,
     Health,
@@ -133,14 +136,15 @@ def create_app(
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY)
     _install_problem_handlers(app)
 
-    def caller_roles(
+    # Async, though they never wait: a sync dependency costs a hop to a worker thread.
+    async def caller_roles(
         request: Request, _scheme: Annotated[object, Security(BEARER)]
     ) -> frozenset[str]:
         return tokens.roles_for(request.headers.get("authorization"))
 
     Roles = Annotated[frozenset[str], Depends(caller_roles)]
 
-    def visible_turn(turn_id: TurnId, roles: Roles) -> TurnRecord:
+    async def visible_turn(turn_id: TurnId, roles: Roles) -> TurnRecord:
         if not is_turn_id(turn_id):
             raise UnknownTurn(f"{turn_id!r} is not a turn id (t- and 32 hex digits)")
         return manager.get(turn_id, roles)
@@ -216,6 +220,7 @@ def create_app(
         responses={200: EVENT_STREAM, **errors(401, 404, 422)},
     )
     async def events(
+        request: Request,
         record: Visible,
         after: Annotated[int, Query(ge=0, description="only events with a greater seq")] = 0,
         wait: Annotated[
@@ -227,13 +232,18 @@ def create_app(
             Header(ge=0, alias="Last-Event-ID", description="as `after` (SSE reconnection)"),
         ] = None,
     ) -> StreamingResponse:
-        """The turn's events after a seq, as Server-Sent Events, until its terminal event."""
+        """The turn's events after a seq, as Server-Sent Events (or frames, when asked for
+        with ``Accept``), until its terminal event."""
         start = max(after, last_event_id or 0)
-        stream = _sse(record, start, wait, settings.server.heartbeat_s)
+        heartbeat = settings.server.heartbeat_s
+        if _asks_for_frames(request.headers.get("accept", "")):
+            stream, media_type = _frames(record, start, wait, heartbeat), FRAMES_MEDIA_TYPE
+        else:
+            stream, media_type = _sse(record, start, wait, heartbeat), "text/event-stream"
         return StreamingResponse(
             stream,
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+            media_type=media_type,
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no", "Vary": "Accept"},
         )
 
     @app.post(
@@ -434,9 +444,10 @@ async def _sse(
     while True:
         batch = await record.spool.raw_after(seq)
         for seq, kind, line in batch:
-            yield b"id: %d\nevent: %s\ndata: %s\n\n" % (seq, kind.encode(), line)
             if kind in TERMINAL_KINDS:
+                yield b"id: %d\nevent: %s\ndata: %s\n\n" % (seq, kind.encode(), _sse_end(line))
                 return
+            yield b"id: %d\nevent: %s\ndata: %s\n\n" % (seq, kind.encode(), line)
         if batch:
             quiet_since = loop.time()
             continue
@@ -447,6 +458,59 @@ async def _sse(
             return
         if not await record.spool.wait_beyond(seq, budget):
             yield b": ping\n\n"
+
+
+def _asks_for_frames(accept: str) -> bool:
+    """Whether ``Accept`` names the frame stream (with a quality above zero)."""
+    for item in accept.split(","):
+        media_type, _, params = item.partition(";")
+        if media_type.strip().lower() != FRAMES_MEDIA_TYPE:
+            continue
+        for param in params.split(";"):
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    return float(value) > 0
+                except ValueError:
+                    return False
+        return True
+    return False
+
+
+async def _frames(
+    record: TurnRecord, after: int, wait: float | None, heartbeat: float
+) -> AsyncIterator[bytes]:
+    """``_sse``'s stream as frames: the spool's bytes as they lie on disk, block by block."""
+    loop = asyncio.get_running_loop()
+    seq, quiet_since = after, loop.time()
+    while True:
+        seq, kind, block = await record.spool.frames_after(seq)
+        if block:
+            yield block
+            if kind in TERMINAL_KINDS:
+                return
+            quiet_since = loop.time()
+            continue
+        if record.spool.finished:
+            return
+        budget = heartbeat if wait is None else min(heartbeat, wait - (loop.time() - quiet_since))
+        if budget <= 0:
+            return
+        if not await record.spool.wait_beyond(seq, budget):
+            yield frames.heartbeat()
+
+
+def _sse_end(line: bytes) -> bytes:
+    """A terminal event as the event stream has always sent it: without the ended turn.
+
+    Clients that know of ``turn`` get it from the frame stream; event-stream
+    clients, which may reject a field they do not know, ask ``GET`` for it.
+    """
+    if b'"turn":' not in line:
+        return line
+    event = json.loads(line)
+    event.pop("turn", None)
+    return json.dumps(event, separators=(",", ":")).encode()
 
 
 def _problem(

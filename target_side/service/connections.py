@@ -39,8 +39,12 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 log = logging.getLogger("paddock.target.connections")
 
+WRITE_BUFFER_BYTES = 4 << 20
+"""What a connection may have queued for the network before the stream writing it waits."""
+
 STREAMING = "paddock.streaming_body"
 """The key a route sets (true) in its request's scope while it streams the body in itself."""
+
 FD_RESERVE = 256
 """Descriptors kept for everything but client connections: turns' pipes, spools, the ledger."""
 
@@ -193,6 +197,9 @@ def guarded_h11(guard: ConnectionGuard) -> type[H11Protocol]:
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            # A turn's output goes out in blocks of up to megabytes: a buffer of 64 KiB (the
+            # default) would stop and restart the stream many times per block.
+            transport.set_write_buffer_limits(high=WRITE_BUFFER_BYTES)
             sock = transport.get_extra_info("socket")
             self._entry = guard.entry(sock.fileno()) if sock is not None else None
 

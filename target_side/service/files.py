@@ -202,7 +202,7 @@ class HelperRun:
         self.plan = plan
         self.role = role
         self.reports: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
-        self._line = ""
+        self._line = b""
         self._stderr = b""
         self.notices: list[str] = []
         self.running: RunningTurn | None = None
@@ -255,16 +255,19 @@ class HelperRun:
             self._data_writer = asyncio.StreamWriter(transport, protocol, None, loop)
 
     def _emit(self, kind: str, **fields: Any) -> None:
-        if kind == "stdout" and fields.get("data") is not None:
-            self._line += fields["data"]
-            *whole, self._line = self._line.split("\n")
+        # Output comes as the bytes the helper wrote (``raw``): its reports are JSON lines.
+        raw = fields.get("raw")
+        if kind == "stdout" and isinstance(raw, bytes):
+            self._line += raw
+            *whole, self._line = self._line.split(b"\n")
             for line in whole:
                 with contextlib.suppress(ValueError):
                     report = json.loads(line)
                     if isinstance(report, dict):
                         self.reports.put_nowait(report)
         elif kind == "stderr":
-            self._stderr = (self._stderr + str(fields.get("data", "")).encode())[-4096:]
+            if isinstance(raw, bytes):
+                self._stderr = (self._stderr + raw)[-4096:]
         elif kind == "notice":
             self.notices.append(str(fields.get("message", "")))
 
@@ -283,6 +286,11 @@ class HelperRun:
                     ):
                         log.warning("file operation %s: %s", fence.turn_id, said)
             self.reports.put_nowait(None)
+            # After the end is out: removing cgroups waits for their last task to go.
+            try:
+                await running.cleanup()
+            except Exception:
+                log.exception("file operation %s: cleaning up after it failed", fence.turn_id)
 
     async def report(self, *expected: str) -> dict[str, Any]:
         """The helper's next report, if it is one of ``expected``; else the error it means."""

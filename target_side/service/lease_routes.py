@@ -5,7 +5,7 @@ onto it. A lease is visible to a token that holds its role, and to no other:
 any other lease id is 404, exactly as one that does not exist.
 """
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import Body, Depends, FastAPI, Request
@@ -30,7 +30,10 @@ _DISK = "The target's state disk refused the lease (`reason: disk`); nothing was
 
 
 def install_lease_routes(
-    app: FastAPI, book: LeaseBook, caller_roles: Callable[..., frozenset[str]], problem: Problem
+    app: FastAPI,
+    book: LeaseBook,
+    caller_roles: Callable[..., Awaitable[frozenset[str]]],
+    problem: Problem,
 ) -> None:
     """Add the lease routes and their error answers to ``app``."""
     Roles = Annotated[frozenset[str], Depends(caller_roles)]

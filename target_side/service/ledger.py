@@ -6,6 +6,15 @@ chain from that point. A separate head file holds the count and the last hash:
 cutting records off the end no longer matches it. (Whoever can rewrite both can
 forge both; ``ledger verify`` prints the head hash so it can be kept elsewhere.)
 
+A ledger line is a turn's commit point: its launch (with what a retried
+request needs to find it) and its end are durable once their line is, and the
+turn's record and the head are rebuilt from the ledger after a crash of the
+machine. So only the ledger is fsynced: appends waiting together are written
+together, under one fsync (group commit); the head is replaced after every
+write, without waiting for the disk, and fsynced when the ledger closes. What
+a record vouches for (a spool's output) is made durable first, on the same
+thread (``append(before=...)``).
+
 Why lines and not SQLite: one ``write`` + ``fsync`` per record, nothing to
 corrupt but the last line, readable with ``grep`` and ``jq`` by an operator at
 3 a.m., and the chain needs no schema. Env values and tokens never enter it;
@@ -21,6 +30,8 @@ What a crash or a full disk can leave, and what becomes of it:
 - a record the disk refused: held in memory, in order, and written (chained
   then) when the disk takes writes again; a crash before that loses it, and
   the target, restarting, records again whatever the turn records say.
+- a head behind the chain (a crash of the machine before the head reached the
+  disk): brought forward when the target starts, the records beyond it checked.
 - a record that does not chain in the middle (an edit, two servers writing at
   once): the target refuses to start. ``ledger verify`` says which record and
   why; ``ledger repair`` (README, "Repairing the ledger") keeps the records
@@ -34,7 +45,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,8 +95,9 @@ class Ledger:
         cut = cut_torn_tail(state_root)
         verified = verify(state_root, repair_head=True)
         self._count, self._last = verified.count, verified.head_hash
-        self._lock = asyncio.Lock()
         self._held: list[tuple[str, dict[str, Any]]] = []
+        self._waiting: list[_Append] = []
+        self._writer: asyncio.Task[None] | None = None
         if cut is not None:
             log.warning(
                 "ledger: cut a torn last record of %d bytes (sha256 %s), kept in %s",
@@ -100,14 +112,16 @@ class Ledger:
         """Records the disk refused, waiting in memory to be written."""
         return len(self._held)
 
-    async def append(self, kind: str, **fields: Any) -> bool:
+    async def append(
+        self, kind: str, *, before: Callable[[], object] | None = None, **fields: Any
+    ) -> bool:
         """Write one record durably (off the event loop) before returning True.
 
         False: the disk refused it; it is held, after any held before it, until
-        ``flush`` gets it written.
+        ``flush`` gets it written. ``before`` runs first on the writing thread:
+        what the record vouches for is made durable before the record is.
         """
-        async with self._lock:
-            return await asyncio.to_thread(self.append_now, kind, **fields)
+        return await self._enqueue(_Append(kind, fields, before))
 
     def append_now(self, kind: str, **fields: Any) -> bool:
         """``append``, on the calling thread (start-up and ``repair``)."""
@@ -116,45 +130,90 @@ class Ledger:
 
     async def flush(self) -> bool:
         """Write every held record; True when none is left."""
-        async with self._lock:
-            return await asyncio.to_thread(self._write_held)
+        return await self._enqueue(None)
+
+    async def close(self) -> None:
+        """Write what waits, and put the head on the disk: a clean stop leaves it current."""
+        await self.flush()
+        await asyncio.to_thread(_write_head, self.head_path, self._count, self._last)
+
+    async def _enqueue(self, entry: _Append | None) -> bool:
+        done = asyncio.get_running_loop().create_future()
+        self._waiting.append(_Append("", {}, None, done) if entry is None else entry.bound(done))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write_waiting())
+        # Shielded: a caller that goes away does not take its record with it.
+        return bool(await asyncio.shield(done))
+
+    async def _write_waiting(self) -> None:
+        """One writer: whatever queued meanwhile goes to the disk together, under one fsync."""
+        while self._waiting:
+            batch, self._waiting = self._waiting, []
+            try:
+                written = await asyncio.to_thread(self._commit, batch)
+            except BaseException as exc:
+                for entry in batch:
+                    if entry.done is not None and not entry.done.done():
+                        entry.done.set_exception(exc)
+                raise
+            for entry in batch:
+                if entry.done is not None and not entry.done.done():
+                    entry.done.set_result(written)
+
+    def _commit(self, batch: list[_Append]) -> bool:
+        for entry in batch:
+            if entry.before is not None:
+                try:
+                    entry.before()
+                except Exception:
+                    # Its own failure is its owner's to report; the record is still true.
+                    log.exception("ledger: what a record vouches for could not be made durable")
+            if entry.kind:
+                self._held.append((entry.kind, entry.fields))
+        return self._write_held()
 
     def _write_held(self) -> bool:
-        while self._held:
-            kind, fields = self._held[0]
-            try:
-                self._append_now(kind, fields)
-            except StorageError as exc:
-                log.warning("ledger: %s; %d record(s) held until it can", exc, len(self._held))
-                return False
-            self._held.pop(0)
+        """Every held record, chained, in one write and one fsync; or none of them."""
+        if not self._held:
+            return True
+        count, last = self._count, self._last
+        lines = []
+        for kind, fields in self._held:
+            count += 1
+            record = {"seq": count, "prev": last, "kind": kind, **fields}
+            line = json.dumps(record, separators=(",", ":"), default=str).encode()
+            lines.append(line)
+            last = _digest(line)
+        try:
+            self._append_lines(lines, count, last)
+        except StorageError as exc:
+            log.warning("ledger: %s; %d record(s) held until it can", exc, len(self._held))
+            return False
+        self._held.clear()
+        self._count, self._last = count, last
         return True
 
-    def _append_now(self, kind: str, fields: dict[str, Any]) -> None:
-        """Write one record and the head, or neither: a failure cuts the record back off."""
-        seq = self._count + 1
-        record = {"seq": seq, "prev": self._last, "kind": kind, **fields}
-        line = json.dumps(record, separators=(",", ":"), default=str).encode()
+    def _append_lines(self, lines: list[bytes], count: int, last: str) -> None:
+        """Write the records and the head, or neither: a failure cuts the records back off."""
         fd = os.open(
             self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
         )
         try:
             before = os.fstat(fd).st_size
             try:
-                write_all(fd, line + b"\n")
+                write_all(fd, b"".join(line + b"\n" for line in lines))
                 os.fsync(fd)
-                _write_head(self.head_path, seq, _digest(line))
+                _write_head(self.head_path, count, last, durable=False)
             except OSError as exc:
-                # A head that did reach the disk (only its directory's fsync failed) keeps
-                # the record: cutting it would leave a head ahead of the chain.
-                if _read_head_leniently(self.head_path) != (seq, _digest(line)):
+                # A head that did reach the disk keeps the records: cutting them would leave
+                # a head ahead of the chain.
+                if _read_head_leniently(self.head_path) != (count, last):
                     _cut_back(fd, before)
                     raise StorageError(
-                        f"{self.path}: record {seq} could not be written ({exc.strerror or exc})"
+                        f"{self.path}: record {count} could not be written ({exc.strerror or exc})"
                     ) from exc
         finally:
             os.close(fd)
-        self._count, self._last = seq, _digest(line)
 
     def records(self) -> Iterator[dict[str, Any]]:
         """Every whole record, oldest first (a line being appended right now is not one yet)."""
@@ -171,14 +230,41 @@ class Ledger:
                 if record.get("kind") == kind:
                     yield record
 
-    def latest_turns(self, turn_ids: set[str]) -> dict[str, tuple[str, dict[str, Any]]]:
-        """For each of ``turn_ids`` in the ledger: the kind of its last record, and its turn."""
-        found: dict[str, tuple[str, dict[str, Any]]] = {}
+    def latest_turns(self, turn_ids: set[str]) -> dict[str, Latest]:
+        """For each of ``turn_ids`` in the ledger: its last record's kind and turn, its key."""
+        found: dict[str, Latest] = {}
         for record in self.records():
             turn = record.get("turn")
             if isinstance(turn, dict) and turn.get("turn_id") in turn_ids:
-                found[turn["turn_id"]] = (str(record.get("kind")), turn)
+                before = found.get(turn["turn_id"])
+                key = record.get("idempotency", before.idempotency if before else None)
+                found[turn["turn_id"]] = Latest(str(record.get("kind")), turn, key)
         return found
+
+
+@dataclass(frozen=True)
+class Latest:
+    """What the ledger last said of a turn."""
+
+    kind: str
+    """``launch`` or ``end`` (or ``recovery``)."""
+    turn: dict[str, Any]
+    idempotency: str | None = None
+    """The digest of the key its request came with (the launch record keeps it)."""
+
+
+@dataclass
+class _Append:
+    """A record waiting for the writer (``kind`` empty: only a flush), and who waits for it."""
+
+    kind: str
+    fields: dict[str, Any]
+    before: Callable[[], object] | None
+    done: asyncio.Future[bool] | None = None
+
+    def bound(self, done: asyncio.Future[bool]) -> _Append:
+        self.done = done
+        return self
 
 
 def _cut_back(fd: int, size: int) -> None:
@@ -231,9 +317,9 @@ def verify(state_root: Path, *, repair_head: bool = False) -> Verified:
     """Check the chain and the head; ``LedgerError`` names the first problem and the repair.
 
     A torn tail is reported (``torn_bytes``), not refused: the target cuts it
-    when it starts. A head one record behind is what a crash between the two
-    writes leaves; with ``repair_head`` (the target starting up) it is brought
-    forward.
+    when it starts. A head behind the chain is what a crash of the machine
+    leaves (the head is written without waiting for the disk); with
+    ``repair_head`` (the target starting up) it is brought forward.
     """
     path, head_path = state_root / LEDGER, state_root / HEAD
     torn = _torn_start(path)
@@ -245,15 +331,24 @@ def verify(state_root: Path, *, repair_head: bool = False) -> Verified:
     head_count, head_hash = _read_head(head_path)
     if (count, last) == (head_count, head_hash):
         return Verified(count, last, torn_bytes=torn_bytes)
-    if count == head_count + 1 and repair_head:
+    behind = count - head_count
+    if behind > 0 and repair_head:
         _write_head(head_path, count, last)
-        note = "head was one record behind (crash between writes); repaired"
+        note = f"head was {behind} record(s) behind (a crash before it reached the disk); repaired"
         return Verified(count, last, note, torn_bytes)
-    if count == head_count + 1:
-        return Verified(count, last, "head is one record behind (crash between writes)", torn_bytes)
-    how = "removed" if count < head_count else "added without the head"
+    if behind > 0:
+        note = (
+            f"head is {behind} record(s) behind (a crash before it reached the disk, or a "
+            "target running); a starting target brings it forward"
+        )
+        return Verified(count, last, note, torn_bytes)
+    if behind == 0:
+        raise LedgerError(
+            f"{path}: its last record is not the one its head names (record {count} was "
+            f"edited or replaced). {REPAIR_HINT}"
+        )
     raise LedgerError(
-        f"{path}: holds {count} records but its head says {head_count}: records were {how}. "
+        f"{path}: holds {count} records but its head says {head_count}: records were removed. "
         f"{REPAIR_HINT}"
     )
 
@@ -355,8 +450,8 @@ def _read_head(path: Path) -> tuple[int, str]:
         ) from exc
 
 
-def _write_head(path: Path, count: int, last: str) -> None:
-    write_atomic(path, json.dumps({"count": count, "hash": last}).encode())
+def _write_head(path: Path, count: int, last: str, *, durable: bool = True) -> None:
+    write_atomic(path, json.dumps({"count": count, "hash": last}).encode(), durable=durable)
 
 
 @dataclass(frozen=True)

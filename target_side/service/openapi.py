@@ -4,7 +4,7 @@ FastAPI describes a route from its signature: parameters, body, the success
 model. Everything else a client relies on is declared here, once, for
 ``app.py`` to attach: the bearer scheme, the error statuses each route can
 answer (every one a ``Problem`` as ``application/problem+json``), the event
-stream as ``text/event-stream``, the raw stdin body, the links from a new turn
+stream as ``text/event-stream`` or frames, the raw stdin body, the links from a new turn
 to what a client does with it next. ``tests/test_openapi.py`` holds the
 document to each of these, and ``tests/test_schemathesis.py`` holds the server
 to the document.
@@ -19,6 +19,7 @@ from fastapi import Path as PathParam
 from fastapi.openapi.utils import get_openapi
 from fastapi.security import HTTPBearer
 
+from shared.frames import MEDIA_TYPE as FRAMES_MEDIA_TYPE
 from shared.wire import EVENTS, Problem
 
 PROBLEM_JSON = "application/problem+json"
@@ -121,7 +122,8 @@ _REFS = "#/components/schemas/{model}"
 EVENT_STREAM: dict[str, Any] = {
     "description": "Server-Sent Events, one per turn event: `id: SEQ`, `event: KIND`, "
     "`data: <the Event as JSON>`, then a blank line; `: ping` comment lines while the turn "
-    "is quiet. The stream ends after the terminal event (`exit` or `refused`), or after "
+    "is quiet. With `Accept: application/x-paddock-frames`, frames instead (docs/api.md, "
+    '"Frames"). The stream ends after the terminal event (`exit` or `refused`), or after '
     "`wait` seconds without one.",
     "content": {
         "text/event-stream": {
@@ -143,7 +145,20 @@ EVENT_STREAM: dict[str, Any] = {
                 },
             },
             "example": 'id: 1\nevent: started\ndata: {"seq":1,"kind":"started",...}\n\n',
-        }
+        },
+        FRAMES_MEDIA_TYPE: {
+            "schema": {
+                "type": "string",
+                "format": "binary",
+                "description": "Frames, answered when `Accept` names this type: per event a "
+                "24-byte header (kind u8, 3 zero bytes, payload length u32, seq u64, time "
+                "u64 in microseconds since the epoch; big-endian), then the payload: the "
+                "output's own bytes for `stdout` and `stderr` (kinds 2 and 3), the Event as "
+                "JSON for `started` (1), `exit` (4), `refused` (5) and `notice` (6); the "
+                "terminal event also carries the ended `turn`. Kind 0 is a heartbeat (no "
+                "payload) while the turn is quiet.",
+            }
+        },
     },
 }
 RAW_BYTES: dict[str, Any] = {

@@ -349,6 +349,18 @@ class SessionManager:
         if fence is None or plan is None:
             return
         try:
+            await self._follow_to_end(record, fence, plan)
+        finally:
+            # After the end is out: removing cgroups waits for their last task to go.
+            try:
+                await fence.cleanup()
+            except Exception:
+                log.exception("session %s: cleaning up after it failed", _id(record))
+
+    async def _follow_to_end(
+        self, record: SessionRecord, fence: SessionFence, plan: SessionPlan
+    ) -> None:
+        try:
             outcome = await fence.wait()
         except Exception:
             log.exception("session %s: lost track of its fence", _id(record))

@@ -1,12 +1,21 @@
 """A turn's events, appended to a file on disk and read back from any seq.
 
-Output is never held in memory beyond one read: each event is one JSON line,
-and only the byte offset of each line is kept, so a reader can resume from any
-seq, and memory stays flat whatever a turn prints.
+Output is not held in memory beyond the last ``TAIL_BYTES`` of a running turn:
+each event is one record of the file, and only the byte offset and kind of
+each record are kept, so a reader can resume from any seq, and memory stays
+flat whatever a turn prints. The tail serves the followers that keep up with
+the turn from memory, without a read of the file.
 
-Every append writes its whole line or nothing: a write the disk refuses
+A spool is frames (``events.frames``, ``shared.frames``): a turn's output is
+stored as the bytes it wrote, and the frame stream serves the file's bytes as
+they are; the event stream (SSE) turns each frame into the ``Event`` JSON it
+has always sent. Spools of turns run before frames (``events.jsonl``, one
+``Event`` JSON line per record) are read, served both ways, and finished the
+same: a target upgraded in place keeps every turn it had.
+
+Every append writes its whole record or nothing: a write the disk refuses
 (full, over quota, failing) or cuts short is cut back off before ``append``
-raises ``StorageError``, so no torn line is ever followed by another. The
+raises ``StorageError``, so no torn record is ever followed by another. The
 target's own closing events (a notice, the terminal event) must reach the
 turn's followers even then: ``append_kept`` holds what the disk refused in
 memory, serves it to readers after what is on disk, and ``flush_held`` writes
@@ -16,8 +25,12 @@ it once the disk takes writes again.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
 import os
+import time
+from collections import deque
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,11 +38,20 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from shared import frames
 from shared.wire import EVENTS, TERMINAL_KINDS, Event
 from target_side.errors import StorageError
 from target_side.service.tails import Cut, cut_file, stamp, write_all
 
 READ_BATCH = 256
+"""Events per read for the event stream."""
+FRAMES_BATCH_BYTES = 4 << 20
+"""Bytes per read for the frame stream (whole frames; one larger frame goes alone)."""
+TAIL_BYTES = 2 << 20
+"""Recent records of a running turn kept in memory for the followers keeping up with it."""
+FRAMES = "events.frames"
+LINES = "events.jsonl"
+OUTPUT_KINDS = frozenset({"stdout", "stderr"})
 
 OnStorageError = Callable[[StorageError], None]
 
@@ -45,27 +67,55 @@ def _ignore(_exc: StorageError) -> None:
 class EventSpool:
     """Append-only event log of one turn, with waiters woken on every append.
 
-    Opening an existing spool cuts a torn tail (see ``_index``); ``cut`` says
-    what was cut, for the ledger. ``on_storage_error`` hears of every write the
-    disk refused, before the caller does.
+    Its format follows its file name: ``events.frames`` (frames) or, for a turn
+    spooled before frames, ``events.jsonl`` (JSON lines). Opening an existing
+    spool cuts a torn tail (see ``_index``); ``cut`` says what was cut, for the
+    ledger. ``on_storage_error`` hears of every write the disk refused, before
+    the caller does.
     """
 
-    def __init__(self, path: Path, on_storage_error: OnStorageError = _ignore) -> None:
+    def __init__(
+        self, path: Path, on_storage_error: OnStorageError = _ignore, *, on_disk: bool = True
+    ) -> None:
         self.path = path
+        self._format: _Format = _Lines() if path.name.endswith(".jsonl") else _Frames()
         self._on_storage_error = on_storage_error
-        try:
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            self._offsets, self._kinds, self._size, self.cut = _index(path)
-            self._fd = os.open(
-                path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
-            )
-        except OSError as exc:
-            raise self._refused(f"{path}: cannot open the event spool", exc) from exc
+        self._offsets: list[int] = []
+        self._kinds: list[str] = []
+        self._size = 0
+        self.cut: Cut | None = None
+        self._fd = -1
+        if on_disk:
+            self.create()
         self._held: list[tuple[str, bytes]] = []
+        self._tail: deque[bytes] = deque()
+        self._tail_bytes = 0
         self._changed = asyncio.Event()
         self.finished = bool(self._kinds) and self._kinds[-1] in TERMINAL_KINDS
         if self.finished:
             self._close_file()
+
+    @classmethod
+    def new(cls, path: Path, on_storage_error: OnStorageError = _ignore) -> EventSpool:
+        """The spool of a turn being made, not yet on disk: ``create`` makes it (blocking)."""
+        return cls(path, on_storage_error, on_disk=False)
+
+    def create(self, *, report: bool = True) -> None:
+        """Open the spool's file (made if missing; a torn tail of one found is cut, see
+        ``_index``), or raise ``StorageError``; ``report=False`` (off the event loop) leaves
+        telling ``on_storage_error`` to the caller."""
+        path = self.path
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._offsets, self._kinds, self._size, self.cut = _index(path, self._format)
+            self._fd = os.open(
+                path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+            )
+        except OSError as exc:
+            what = f"{path}: cannot open the event spool"
+            if not report:
+                raise StorageError(f"{what} ({exc.strerror or exc})") from exc
+            raise self._refused(what, exc) from exc
 
     @property
     def last_seq(self) -> int:
@@ -76,61 +126,68 @@ class EventSpool:
         """Events the disk refused, kept in memory until ``flush_held`` writes them."""
         return len(self._held)
 
-    def append(self, kind: str, **fields: Any) -> Event:
-        """Record one event on disk, or raise ``StorageError`` having written nothing of it."""
-        event, line = self._event(kind, fields)
+    def append(self, kind: str, **fields: Any) -> None:
+        """Record one event on disk, or raise ``StorageError`` having written nothing of it.
+
+        Output (``raw=`` bytes) goes to disk as it is: nothing validates or encodes it.
+        """
+        record = self._record(kind, fields)
         if self._held:
             # Order is the contract: nothing goes to disk ahead of an event still held.
             raise self._refused(f"{self.path}: events before this one wait for the disk", None)
-        self._write(line)
-        self._committed(event, len(line))
-        return event
+        self._write(record)
+        self._committed(kind, record)
 
     def append_kept(self, kind: str, **fields: Any) -> bool:
         """Record one event of the target's own; if the disk refuses it, hold it in memory.
 
         True if it is on disk. Held events reach readers all the same, in order.
         """
-        event, line = self._event(kind, fields)
+        record = self._record(kind, fields)
         if not self._held:
             try:
-                self._write(line)
+                self._write(record)
             except StorageError:
                 pass
             else:
-                self._committed(event, len(line))
+                self._committed(kind, record)
                 return True
-        self._held.append((event.kind, line[:-1]))
-        self._kinds.append(event.kind)
-        self._settle(event.kind)
+        self._held.append((kind, record))
+        self._kinds.append(kind)
+        self._settle(kind)
         return False
 
     def flush_held(self) -> bool:
         """Write the held events, oldest first; True when none is left."""
         while self._held:
-            kind, line = self._held[0]
+            kind, record = self._held[0]
             try:
-                self._write(line + b"\n")
+                self._write(record)
             except StorageError:
                 return False
             self._held.pop(0)
             self._offsets.append(self._size)
-            self._size += len(line) + 1
+            self._size += len(record)
+            self._keep(record)
             if kind in TERMINAL_KINDS:
                 self._close_file()
         return True
 
-    def _event(self, kind: str, fields: dict[str, Any]) -> tuple[Event, bytes]:
+    def _record(self, kind: str, fields: dict[str, Any]) -> bytes:
         if self.finished:
             raise RuntimeError(f"{self.path}: no event may follow a terminal one")
-        event = EVENTS.validate_python(
-            {"seq": self.last_seq + 1, "at": now(), "kind": kind, **fields}
-        )
-        return event, event.model_dump_json(exclude_none=True).encode() + b"\n"
+        seq = self.last_seq + 1
+        raw = fields.get("raw")
+        if kind in OUTPUT_KINDS and isinstance(raw, bytes) and len(fields) == 1:
+            return self._format.output(kind, seq, time.time_ns() // 1000, raw)
+        if "raw" in fields:
+            fields = {k: v for k, v in fields.items() if k != "raw"} | _text_or_b64(fields["raw"])
+        event = EVENTS.validate_python({"seq": seq, "at": now(), "kind": kind, **fields})
+        return self._format.event(event)
 
-    def _write(self, line: bytes) -> None:
+    def _write(self, record: bytes) -> None:
         try:
-            write_all(self._fd, line)
+            write_all(self._fd, record)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.ftruncate(self._fd, self._size)
@@ -142,11 +199,19 @@ class EventSpool:
         self._on_storage_error(error)
         return error
 
-    def _committed(self, event: Event, length: int) -> None:
+    def _committed(self, kind: str, record: bytes) -> None:
         self._offsets.append(self._size)
-        self._kinds.append(event.kind)
-        self._size += length
-        self._settle(event.kind)
+        self._kinds.append(kind)
+        self._size += len(record)
+        self._keep(record)
+        self._settle(kind)
+
+    def _keep(self, record: bytes) -> None:
+        """Keep the newest record in the tail; the oldest go past ``TAIL_BYTES`` (one stays)."""
+        self._tail.append(record)
+        self._tail_bytes += len(record)
+        while self._tail_bytes > TAIL_BYTES and len(self._tail) > 1:
+            self._tail_bytes -= len(self._tail.popleft())
 
     def _settle(self, kind: str) -> None:
         if kind in TERMINAL_KINDS:
@@ -154,11 +219,28 @@ class EventSpool:
             if not self._held:
                 self._close_file()
         self._wake()
+        if self.finished:
+            # Ended: who reads it now reads the file; no memory is kept for it.
+            self._tail.clear()
+            self._tail_bytes = 0
+
+    def sync(self) -> bool:
+        """Put what was appended on the disk (blocking: the ledger runs it before a turn's end).
+
+        The terminal event that follows is not synced: after a crash of the
+        machine, a restarted target writes it again from the ledger.
+        """
+        if self._fd < 0:
+            return True
+        try:
+            os.fdatasync(self._fd)
+        except OSError as exc:
+            self._refused(f"{self.path}: the turn's output could not be put on the disk", exc)
+            return False
+        return True
 
     def _close_file(self) -> None:
         if self._fd >= 0:
-            with contextlib.suppress(OSError):
-                os.fsync(self._fd)
             os.close(self._fd)
             self._fd = -1
 
@@ -171,23 +253,77 @@ class EventSpool:
         return [EVENTS.validate_json(line) for _, _, line in await self.raw_after(after)]
 
     async def raw_after(self, after: int) -> list[tuple[int, str, bytes]]:
-        """Up to ``READ_BATCH`` events after ``after`` as (seq, kind, JSON line), unparsed.
+        """Up to ``READ_BATCH`` events after ``after`` as (seq, kind, Event JSON), for SSE.
 
-        Streaming serves these as they lie on disk: parsing and re-encoding every
-        output chunk would cost more than everything else on the way. Held
-        events come after the last one on disk, from memory.
+        Held events come after the last one on disk, from memory.
         """
+        records = await self._records_after(after, READ_BATCH, None)
+        return [(seq, kind, self._format.json(record)) for seq, kind, record in records]
+
+    async def frames_after(self, after: int) -> tuple[int, str, bytes]:
+        """The frames after ``after`` (up to ``FRAMES_BATCH_BYTES`` of them), as one block.
+
+        Returns (last seq in it, its kind, the bytes); (``after``, "", b"") if
+        there is none yet. A frame spool's bytes are served as they lie on disk.
+        """
+        if isinstance(self._format, _Frames):
+            records = await self._records_after(after, None, FRAMES_BATCH_BYTES)
+        else:
+            records = await self._records_after(after, READ_BATCH, FRAMES_BATCH_BYTES)
+        if not records:
+            return after, "", b""
+        block = b"".join(self._format.frame(record) for _, _, record in records)
+        seq, kind, _ = records[-1]
+        return seq, kind, block
+
+    async def _records_after(
+        self, after: int, count: int | None, size: int | None
+    ) -> list[tuple[int, str, bytes]]:
         first = max(after, 0)
         on_disk = len(self._offsets)
         if first >= on_disk:
-            held = self._held[first - on_disk : first - on_disk + READ_BATCH]
-            return [(first + i + 1, kind, line) for i, (kind, line) in enumerate(held)]
-        last = min(first + READ_BATCH, on_disk)
+            held = self._held[first - on_disk :][: count or READ_BATCH]
+            return [(first + i + 1, kind, record) for i, (kind, record) in enumerate(held)]
+        last = self._last_record(first, on_disk, count, size)
+        kept = on_disk - len(self._tail)
+        if first >= kept:
+            # In the tail: from memory, no read of the file.
+            records = [self._tail[i - kept] for i in range(first, last)]
+            if count is None:
+                return [(last, self._kinds[last - 1], b"".join(records))]
+            return [
+                (i + 1, self._kinds[i], r) for i, r in zip(range(first, last), records, strict=True)
+            ]
         start = self._offsets[first]
-        end = self._offsets[last] if last < on_disk else self._size
-        data = await asyncio.to_thread(_read_range, self.path, start, end)
-        lines = data.split(b"\n")[: last - first]
-        return [(first + i + 1, self._kinds[first + i], line) for i, line in enumerate(lines)]
+        data = await asyncio.to_thread(_read_range, self.path, start, self._boundary(last))
+        if count is None:
+            # Frames served as they lie: one block, named by its last record's seq and kind.
+            return [(last, self._kinds[last - 1], data)]
+        found = []
+        for i in range(first, last):
+            begin, finish = self._offsets[i] - start, self._boundary(i + 1) - start
+            found.append((i + 1, self._kinds[i], data[begin:finish]))
+        return found
+
+    def _last_record(self, first: int, on_disk: int, count: int | None, size: int | None) -> int:
+        """One past the last record to read from ``first``: within ``count`` and ``size``."""
+        last = on_disk if count is None else min(first + count, on_disk)
+        if size is None:
+            return last
+        start = self._offsets[first]
+        # The most records whose bytes fit the budget (at least one, whatever its size).
+        low, high = first + 1, last
+        while low < high:
+            middle = (low + high + 1) // 2
+            if self._boundary(middle) - start <= size:
+                low = middle
+            else:
+                high = middle - 1
+        return low
+
+    def _boundary(self, index: int) -> int:
+        """Where record ``index`` (0-based) starts on disk: the end of the one before."""
+        return self._offsets[index] if index < len(self._offsets) else self._size
 
     async def terminal(self) -> Event | None:
         """The terminal event, if the turn has one."""
@@ -213,48 +349,174 @@ class EventSpool:
             self._fd = -1
 
 
-def _index(path: Path) -> tuple[list[int], list[str], int, Cut | None]:
+class _Format:
+    """How events are records of a spool file, and how a record is served."""
+
+    def output(self, kind: str, seq: int, at_us: int, data: bytes) -> bytes:
+        raise NotImplementedError
+
+    def event(self, event: Event) -> bytes:
+        raise NotImplementedError
+
+    def json(self, record: bytes) -> bytes:
+        """The record as the ``Event`` JSON the event stream sends."""
+        raise NotImplementedError
+
+    def frame(self, record: bytes) -> bytes:
+        raise NotImplementedError
+
+    def scan(self, block: bytes, position: int, seq: int) -> tuple[int, str] | None:
+        """(end, kind) of the whole record ``seq`` at ``position``; None if it is not whole
+        there (more bytes may make it whole); ``ValueError`` if it cannot be that record."""
+        raise NotImplementedError
+
+
+class _Frames(_Format):
+    def output(self, kind: str, seq: int, at_us: int, data: bytes) -> bytes:
+        return frames.encode_header(kind, seq, at_us, len(data)) + data
+
+    def event(self, event: Event) -> bytes:
+        payload = event.model_dump_json(exclude_none=True).encode()
+        at = frames.micros(event.at)
+        return frames.encode_header(event.kind, event.seq, at, len(payload)) + payload
+
+    def json(self, record: bytes) -> bytes:
+        code, _, seq, at_us = frames.header_of(record)
+        payload = record[frames.HEADER.size :]
+        if code not in frames.OUTPUT_CODES:
+            return payload
+        kind = frames.KINDS[code]
+        at = frames.moment(at_us).isoformat().replace("+00:00", "Z")
+        event: dict[str, Any] = {"seq": seq, "at": at, "kind": kind, **_text_or_b64(payload)}
+        return json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode()
+
+    def frame(self, record: bytes) -> bytes:
+        return record
+
+    def scan(self, block: bytes, position: int, seq: int) -> tuple[int, str] | None:
+        if len(block) - position < frames.HEADER.size:
+            return None
+        try:
+            code, length, found, _ = frames.header_of(block, position)
+        except frames.FrameError as exc:
+            raise ValueError(str(exc)) from exc
+        if code == frames.HEARTBEAT or found != seq:
+            raise ValueError(f"not event {seq}")
+        end = position + frames.HEADER.size + length
+        if end > len(block):
+            return None
+        kind = frames.KINDS[code]
+        if code not in frames.OUTPUT_CODES:
+            event = EVENTS.validate_json(block[position + frames.HEADER.size : end])
+            if (event.kind, event.seq) != (kind, seq):
+                raise ValueError("its payload is another event")
+        return end, kind
+
+
+class _Lines(_Format):
+    """Spools written before frames: one ``Event`` JSON line per record."""
+
+    def output(self, kind: str, seq: int, at_us: int, data: bytes) -> bytes:
+        fields = _text_or_b64(data)
+        return self.event(EVENTS.validate_python({"seq": seq, "at": now(), "kind": kind, **fields}))
+
+    def event(self, event: Event) -> bytes:
+        return event.model_dump_json(exclude_none=True).encode() + b"\n"
+
+    def json(self, record: bytes) -> bytes:
+        return record.rstrip(b"\n")
+
+    def frame(self, record: bytes) -> bytes:
+        event = EVENTS.validate_json(record)
+        at = frames.micros(event.at)
+        if event.kind in OUTPUT_KINDS:
+            data = event.data.encode() if event.data is not None else b""  # type: ignore[union-attr]
+            if event.data_b64 is not None:  # type: ignore[union-attr]
+                data = base64.b64decode(event.data_b64)  # type: ignore[union-attr]
+            return frames.encode_header(event.kind, event.seq, at, len(data)) + data
+        payload = record.rstrip(b"\n")
+        return frames.encode_header(event.kind, event.seq, at, len(payload)) + payload
+
+    def scan(self, block: bytes, position: int, seq: int) -> tuple[int, str] | None:
+        cut = block.find(b"\n", position)
+        if cut < 0:
+            return None
+        try:
+            event = EVENTS.validate_json(block[position:cut])
+        except ValidationError as exc:
+            raise ValueError("not an event") from exc
+        if event.seq != seq:
+            raise ValueError(f"not event {seq}")
+        return cut + 1, event.kind
+
+
+def _text_or_b64(data: bytes) -> dict[str, str]:
+    """Output as the event stream carries it: text if it is UTF-8, else base64."""
+    try:
+        return {"data": data.decode()}
+    except UnicodeDecodeError:
+        return {"data_b64": base64.b64encode(data).decode()}
+
+
+def _index(path: Path, form: _Format) -> tuple[list[int], list[str], int, Cut | None]:
     """Offset and kind of every whole event of an existing spool, its size, and what was cut.
 
     Read in blocks, so memory stays flat whatever the spool's size. The spool
-    is cut at its first line that is not the next event: a line torn by a
+    is cut at its first record that is not the next event: a record torn by a
     crash mid-write, or anything after one. The bytes cut are kept beside it
-    (``events.jsonl.torn-STAMP``): they were never delivered to anyone.
+    (``NAME.torn-STAMP``): they were never delivered to anyone.
     """
     offsets: list[int] = []
     kinds: list[str] = []
     if not path.exists():
         return offsets, kinds, 0, None
-    line_start = 0
+    start = 0
     pending = b""
     torn = False
     with open(path, "rb") as f:
         while not torn and (block := f.read(1 << 20)):
             pending += block
             position = 0
-            while (cut := pending.find(b"\n", position)) >= 0:
-                kind = _kind_of(pending[position:cut], len(offsets) + 1)
-                if kind is None:
+            while True:
+                try:
+                    found = form.scan(pending, position, len(offsets) + 1)
+                except ValueError:
                     torn = True
                     break
-                offsets.append(line_start + position)
+                if found is None:
+                    break
+                end, kind = found
+                offsets.append(start + position)
                 kinds.append(kind)
-                position = cut + 1
-            line_start += position
+                position = end
+            start += position
             pending = pending[position:]
     size = path.stat().st_size
-    if line_start == size:
-        return offsets, kinds, line_start, None
-    return offsets, kinds, line_start, cut_file(path, line_start, f"{path.name}.torn-{stamp()}")
+    if start == size:
+        return offsets, kinds, start, None
+    return offsets, kinds, start, cut_file(path, start, f"{path.name}.torn-{stamp()}")
 
 
-def _kind_of(line: bytes, seq: int) -> str | None:
-    """The kind of ``line`` if it is event ``seq``; None if it is not (torn, or out of place)."""
-    try:
-        event = EVENTS.validate_json(line)
-    except ValidationError:
-        return None
-    return event.kind if event.seq == seq else None
+def records_on_disk(path: Path) -> list[bytes]:
+    """Every record of a spool file as it lies on disk; ``ValueError`` if the file does not
+    end on a whole record. Reads only (no torn tail is cut): for tools and tests."""
+    form: _Format = _Lines() if path.name.endswith(".jsonl") else _Frames()
+    data = path.read_bytes()
+    found: list[bytes] = []
+    position = 0
+    while position < len(data):
+        scanned = form.scan(data, position, len(found) + 1)
+        if scanned is None:
+            raise ValueError(f"{path} ends inside a record, at byte {position}")
+        found.append(data[position : scanned[0]])
+        position = scanned[0]
+    return found
+
+
+def events_on_disk(path: Path) -> list[Event]:
+    """``records_on_disk`` as events (output as the event stream carries it)."""
+    form: _Format = _Lines() if path.name.endswith(".jsonl") else _Frames()
+    return [EVENTS.validate_json(form.json(record)) for record in records_on_disk(path)]
 
 
 def _read_range(path: Path, start: int, end: int) -> bytes:

@@ -1,8 +1,12 @@
 """Turns on disk: one directory per turn, holding its record and its event spool.
 
 ``STATE/turns/TURN/record.json`` is the turn as last known (replaced
-atomically on every change) and ``events.jsonl`` its spool. A restarted target
+atomically on every change) and ``events.frames`` its spool (``events.jsonl``
+for a turn spooled before frames). A restarted target
 reads them back, so a turn outlives the process that ran it, as output at least.
+The ledger is the turn's commit point: a record is written after it, without
+waiting for the disk, and a restarted target believes the ledger over a record
+that missed the turn's end.
 
 A record is replaced through a temporary file and a rename, so a crash leaves
 the old record or the new one; what it can leave besides is the temporary file
@@ -24,11 +28,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from shared.wire import Turn, is_turn_id
 from target_side.safe_files import write_atomic
+from target_side.service.spool import FRAMES, LINES
 from target_side.service.tails import stamp
 
 log = logging.getLogger("paddock.target")
 RECORD = "record.json"
-EVENTS = "events.jsonl"
 LOST_AND_FOUND = "lost+found"
 
 
@@ -51,13 +55,19 @@ class TurnStore:
     def dir(self, turn_id: str) -> Path:
         return self.root / turn_id
 
+    def new_spool_path(self, turn_id: str) -> Path:
+        """The spool of a turn being made now (frames; nothing on disk to look at)."""
+        return self.dir(turn_id) / FRAMES
+
     def spool_path(self, turn_id: str) -> Path:
-        return self.dir(turn_id) / EVENTS
+        """The turn's spool: frames, unless it was spooled as JSON lines before them."""
+        legacy = self.dir(turn_id) / LINES
+        return legacy if legacy.exists() else self.dir(turn_id) / FRAMES
 
     def save(self, stored: StoredTurn) -> None:
         directory = self.dir(stored.turn.turn_id)
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        write_atomic(directory / RECORD, stored.model_dump_json().encode())
+        write_atomic(directory / RECORD, stored.model_dump_json().encode(), durable=False)
 
     def load_all(self) -> Iterator[StoredTurn | Unreadable]:
         """Every turn on disk: its record, or what became of a record that does not parse."""

@@ -29,6 +29,7 @@ import signal
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -60,8 +61,9 @@ from target_side.errors import (
 from target_side.fence.etc import CuratedEtc, RoleEntry
 from target_side.fence.held import FailureHook, no_failure
 from target_side.fence.home import open_state_root
-from target_side.fence.identity import for_settings
-from target_side.fence.launch import find_bwrap, launch_turn, signal_reset_prefix
+from target_side.fence.identity import InProcess, for_settings
+from target_side.fence.identity import warm as warm_spawning
+from target_side.fence.launch import env_default_signal, find_bwrap, launch_turn
 from target_side.fence.limits import Limiter, Totals
 from target_side.fence.runner import Outcome, RunningTurn
 from target_side.fence.session_fence import SessionTurn
@@ -71,7 +73,7 @@ from target_side.policy.mounts import ETC_ENTRIES
 from target_side.policy.plan import FencePlan, plan_turn
 from target_side.service.health import HealthBoard
 from target_side.service.leases import LeaseBook
-from target_side.service.ledger import Ledger
+from target_side.service.ledger import Latest, Ledger
 from target_side.service.sessions import SessionManager
 from target_side.service.spool import EventSpool, now
 from target_side.service.state_lock import StateLock
@@ -96,6 +98,8 @@ STOP_POLL_S = 0.05
 KILL_WAIT_S = 10.0
 """After the grace time: how long killed turns get to be reaped and recorded."""
 LAUNCH_FAILED = "the target failed to launch this turn; the target's log says why"
+BLOCKING_THREADS = 64
+"""Threads for the blocking steps of turns (mostly waiting on the kernel, not on Python)."""
 
 
 @dataclass
@@ -109,7 +113,8 @@ class TurnRecord:
     admitted: bool = False
     """Counted against the caps on running turns until it ends."""
     dirty: bool = False
-    """Its record on disk is older than this one (the disk refused the write)."""
+    """Its record on disk is older than this one (not written yet, or the disk refused it)."""
+    saving: asyncio.Task[None] | None = field(default=None, repr=False)
     stopped: str | None = None
     """Why the target, stopping, killed it (not anything of its own); said in a notice."""
 
@@ -189,6 +194,11 @@ class TurnManager:
         server that does not hold it.
         """
         root = self.settings.state_root
+        # Every turn does blocking work on threads (planning, placing, recording, auditing):
+        # the default pool (cores + 4 threads) would make a burst of turns wait in line.
+        asyncio.get_running_loop().set_default_executor(
+            ThreadPoolExecutor(BLOCKING_THREADS, thread_name_prefix="paddock-blocking")
+        )
         await asyncio.to_thread(open_state_root, root)
         if self._lock is None:
             listen = self.settings.server.listen
@@ -203,8 +213,14 @@ class TurnManager:
                 await self._take_back(item, latest)
             await self.leases.start(self.ledger, self._ledger_append, self._storage_failed)
             await self.sessions.start()
-            # Probed once with a child process: off the event loop, before any turn needs it.
-            await asyncio.to_thread(signal_reset_prefix)
+            # Helpers probed once with a child process: off the event loop, before any turn.
+            await asyncio.to_thread(env_default_signal)
+            await asyncio.to_thread(warm_spawning)
+            if isinstance(self.identity, InProcess):
+                self.limiter.start_nursery(asyncio.get_running_loop())
+            # The fence's /etc copied now, not by the first turn (a copy takes a while).
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(self.etc.current)
         except BaseException:
             self._release_lock()
             raise
@@ -213,11 +229,15 @@ class TurnManager:
         self._check_low_water()
         self._watch = asyncio.create_task(self._watch_disk())
 
-    async def _take_back(
-        self, item: StoredTurn | Unreadable, latest: dict[str, tuple[str, dict[str, Any]]]
-    ) -> None:
+    async def _take_back(self, item: StoredTurn | Unreadable, latest: dict[str, Latest]) -> None:
         if isinstance(item, StoredTurn):
-            await self._recover(item, latest.get(item.turn.turn_id))
+            known = latest.get(item.turn.turn_id)
+            if known is not None and known.kind == "end" and not item.turn.finished:
+                # Its end is in the ledger, the commit point; the record, written after, missed it.
+                turn = Turn.model_validate(known.turn)
+                await self._recover(item.model_copy(update={"turn": turn}), known, rebuilt=True)
+                return
+            await self._recover(item, known)
             return
         known = latest.get(item.turn_id)
         facts: dict[str, Any] = {"reason": item.reason, "kept": item.kept}
@@ -229,13 +249,13 @@ class TurnManager:
             return
         facts["rebuilt_from"] = "ledger"
         await self._ledger_append("recovery", turn_id=item.turn_id, record=facts)
-        stored = StoredTurn(turn=Turn.model_validate(known[1]))
+        stored = StoredTurn(turn=Turn.model_validate(known.turn), idempotency=known.idempotency)
         await self._recover(stored, known, rebuilt=True)
 
     async def _recover(
         self,
         stored: StoredTurn,
-        known: tuple[str, dict[str, Any]] | None,
+        known: Latest | None,
         rebuilt: bool = False,
     ) -> None:
         turn_id = stored.turn.turn_id
@@ -255,7 +275,7 @@ class TurnManager:
         if record.dirty:
             await self._persist(record)
         # An end the ledger lacks (held when the disk was full, or cut by a repair) is recorded.
-        if interrupted or known is None or known[0] != "end":
+        if interrupted or known is None or known.kind != "end":
             await self._ledger_append("end", turn=_turn_json(record.turn))
 
     async def _end_interrupted(self, record: TurnRecord) -> None:
@@ -283,8 +303,8 @@ class TurnManager:
         record.spool.append_kept(
             "notice", message="the target restarted while this turn ran; it was lost"
         )
-        record.spool.append_kept("exit", exit_code=ExitStatus.PADDOCK_FAILED, signal=None)
         record.update(state="lost", exit_code=ExitStatus.PADDOCK_FAILED, ended_at=now())
+        _append_terminal(record)
         log.warning("turn %s was running when the target stopped; marked lost", record.turn.turn_id)
 
     async def submit(self, request: TurnRequest, idempotency_key: str | None = None) -> Turn:
@@ -298,16 +318,29 @@ class TurnManager:
             return self._turns[self._idempotency[key]].turn
         self._check_low_water()
         self._admit(request.role)
-        try:
-            record = self._new_record(request, key)
-        except StorageError:
-            self._release(request.role)
-            raise self._disk_unavailable() from None
+        record = self._new_record(request, key)
         record.admitted = True
+        no_lease: RefusedError | None = None
         try:
             self.leases.admit(request.role, request.lease)
-            # Off the event loop: planning walks paths and searches writable mounts.
-            plan = await asyncio.to_thread(self.plan, request, record.turn.turn_id)
+        except RefusedError as exc:
+            no_lease = exc  # refused all the same, once its spool is there to say so
+        try:
+            # Off the event loop: the spool is made, and planning walks paths and searches
+            # writable mounts.
+            plan = await asyncio.to_thread(self._make_and_plan, record, request, no_lease)
+        except StorageError as exc:
+            # The turn's spool could not be made: nothing was, and the disk says why.
+            self._forget(record)
+            self._release(request.role)
+            self._storage_failed(exc)
+            raise self._disk_unavailable() from None
+        except RefusedError as refused:
+            await self._finish(
+                record, Outcome(refused.refusal.exit_code, refusal=refused.refusal), request
+            )
+            return record.turn
+        try:
             # Again at launch: a seat taken over while the turn was planned refuses it.
             self.leases.admit(request.role, request.lease)
             await self._launch(record, plan)
@@ -405,9 +438,13 @@ class TurnManager:
             raise self._stopping_now()
         if self._disk_failure is not None:
             raise self._disk_unavailable()
+        record = self._new_record(request, _idempotency_digest(request.role, idempotency_key))
         try:
-            record = self._new_record(request, _idempotency_digest(request.role, idempotency_key))
-        except StorageError:
+            await asyncio.to_thread(record.spool.create, report=False)
+        except StorageError as exc:
+            # The turn's spool could not be made: nothing was, and the disk says why.
+            self._forget(record)
+            self._storage_failed(exc)
             raise self._disk_unavailable() from None
         try:
             started = await start(record)
@@ -444,6 +481,7 @@ class TurnManager:
         )
 
     def _new_record(self, request: TurnRequest, key: str | None) -> TurnRecord:
+        """The turn, known (and its key) at once; ``_make_and_plan`` makes its spool on disk."""
         turn_id = f"t-{uuid.uuid4().hex}"
         turn = Turn(
             turn_id=turn_id,
@@ -454,12 +492,27 @@ class TurnManager:
             tty=request.tty is not None,
         )
         stored = StoredTurn(turn=turn, idempotency=key)
-        spool = EventSpool(self.store.spool_path(turn_id), self._storage_failed)
+        spool = EventSpool.new(self.store.new_spool_path(turn_id), self._storage_failed)
         record = TurnRecord(stored, spool)
         self._turns[turn_id] = record
         if key is not None:
             self._idempotency[key] = turn_id
         return record
+
+    def _forget(self, record: TurnRecord) -> None:
+        del self._turns[record.turn.turn_id]
+        if record.stored.idempotency is not None:
+            self._idempotency.pop(record.stored.idempotency, None)
+
+    def _make_and_plan(
+        self, record: TurnRecord, request: TurnRequest, refused: RefusedError | None = None
+    ) -> FencePlan:
+        """The turn's spool made on disk, then its fence planned (blocking); ``refused``
+        (decided before) is raised once the spool is there."""
+        record.spool.create(report=False)
+        if refused is not None:
+            raise refused
+        return self.plan(request, record.turn.turn_id)
 
     async def _launch(self, record: TurnRecord, plan: FencePlan) -> None:
         try:
@@ -470,8 +523,11 @@ class TurnManager:
         running = await self._spawn(bwrap, plan, record.spool)
         record.running = running
         record.update(started_at=now(), executable=plan.executable)
-        await self._persist(record)
-        await self._ledger_append("launch", turn=_turn_json(record.turn), **_launch_facts(plan))
+        # The commit point of the turn's start (while bubblewrap sets up): the record follows.
+        key = {"idempotency": record.stored.idempotency} if record.stored.idempotency else {}
+        facts = _launch_facts(plan) | key
+        await self._ledger_append("launch", turn=_turn_json(record.turn), **facts)
+        self._save_soon(record)
         record.spool.append_kept("started", executable=plan.executable)
         record.task = asyncio.create_task(self._follow(record, plan))
 
@@ -519,6 +575,11 @@ class TurnManager:
         finally:
             if ended is not None:
                 await ended()
+        try:
+            # After its end is out: removing cgroups waits for their last task to go.
+            await running.cleanup()
+        except Exception:
+            log.exception("turn %s: cleaning up after it failed", plan.turn_id)
 
     async def _finish(
         self, record: TurnRecord, outcome: Outcome, request: TurnRequest | None = None
@@ -540,14 +601,16 @@ class TurnManager:
         record.running = None
         self._count_health(outcome)
         try:
-            # Durable first: whoever sees the terminal event can rely on record and ledger
-            # (or, on a full disk, on the restart that takes the spool's word for it).
-            await self._persist(record)
-            facts = {"request": _request_facts(request)} if request is not None else {}
-            await self._ledger_append("end", turn=_turn_json(record.turn), **facts)
             for message in notices:
                 record.spool.append_kept("notice", message=message)
+            # Durable first: whoever sees the terminal event can rely on the ledger, the
+            # turn's commit point, and on its output, synced before the line that vouches for
+            # it (on a full disk, on the restart that takes the spool's word for it).
+            facts = {"request": _request_facts(request)} if request is not None else {}
+            end = _turn_json(record.turn)
+            await self._ledger_append("end", turn=end, before=record.spool.sync, **facts)
             _append_terminal(record)
+            self._save_soon(record)
         finally:
             # Counted until recorded: a stopping target waits for exactly this.
             if record.admitted:
@@ -578,8 +641,21 @@ class TurnManager:
 
     # --- the state disk ------------------------------------------------------------------------
 
+    def _save_soon(self, record: TurnRecord) -> None:
+        """Write the turn's record in the background: nobody waits for it (the ledger is the
+        commit point, and the record is rebuilt from it after a crash)."""
+        record.dirty = True
+        if record.saving is None or record.saving.done():
+            record.saving = asyncio.create_task(self._save_while_dirty(record))
+
+    async def _save_while_dirty(self, record: TurnRecord) -> None:
+        while record.dirty and self._disk_failure is None:
+            if not await self._persist(record):
+                return
+
     async def _persist(self, record: TurnRecord) -> bool:
         """Save the turn's record; False (and ``dirty``) if the disk refused it."""
+        record.dirty = False
         try:
             await asyncio.to_thread(self.store.save, record.stored)
         except OSError as exc:
@@ -591,8 +667,10 @@ class TurnManager:
         record.dirty = False
         return True
 
-    async def _ledger_append(self, kind: str, **fields: Any) -> bool:
-        written = await self.ledger.append(kind, **fields)
+    async def _ledger_append(
+        self, kind: str, *, before: Callable[[], object] | None = None, **fields: Any
+    ) -> bool:
+        written = await self.ledger.append(kind, before=before, **fields)
         if not written:
             self._storage_failed(
                 StorageError(f"{self.ledger.path}: {self.ledger.held} record(s) wait for the disk")
@@ -810,12 +888,19 @@ class TurnManager:
                 tasks.append(record.task)
         with contextlib.suppress(Exception):
             await asyncio.gather(*tasks)
+        saving = [r.saving for r in self._turns.values() if r.saving is not None]
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*saving)
         await self.sessions.shutdown()
         if self._ledger is not None and self._disk_failure is not None:
             with contextlib.suppress(Exception):
                 await self._retry_storage()
+        if self._ledger is not None:
+            with contextlib.suppress(Exception):
+                await self._ledger.close()
         for record in self._turns.values():
             record.spool.close()
+        await asyncio.to_thread(self.limiter.close)
         self._release_lock()
 
     def _release_lock(self) -> None:
@@ -843,11 +928,14 @@ def fence_view(plan: FencePlan) -> FenceView:
 
 
 def _append_terminal(record: TurnRecord) -> None:
+    """The turn's terminal event, carrying the turn as it ended: a follower needs no GET."""
     turn = record.turn
     if turn.refusal is not None:
-        record.spool.append_kept("refused", refusal=turn.refusal, exit_code=turn.exit_code)
+        record.spool.append_kept(
+            "refused", refusal=turn.refusal, exit_code=turn.exit_code, turn=turn
+        )
     else:
-        record.spool.append_kept("exit", exit_code=turn.exit_code, signal=turn.signal)
+        record.spool.append_kept("exit", exit_code=turn.exit_code, signal=turn.signal, turn=turn)
 
 
 def role_entries(settings: Settings) -> list[RoleEntry]:

@@ -1,0 +1,220 @@
+"""Threads that start a fence's bubblewrap and wait for it, born inside its cgroups when they can.
+
+Every process the server starts for a turn is started and waited for by a
+``Worker``: a thread of its own, which runs ``subprocess.Popen`` (off the event
+loop) and then blocks in ``waitpid`` until the process ends, as asyncio's
+threaded child watcher would.
+
+Moving a process into a cgroup makes the kernel wait out an RCU grace period
+first (about 10 ms here), while the fence waits at its gate. Under cgroup v1 a
+single thread can be moved, and a child is born in the cgroups of the thread
+that forks it. So the ``Nursery`` keeps a few workers that have moved
+themselves, ahead of time and off every turn's path, into a fresh set of turn
+cgroups (one per hierarchy) and wait there. A turn takes one: its cgroups get
+the turn's name and limits, its bubblewrap is started by that thread, born
+inside them, with nothing left to move. The worker stays in them, asleep in
+``waitpid``, until the process ends, then exits, which takes it out at once.
+
+While it is there, the worker is a thread of the server inside the turn's
+cgroups, so each rule that reads a cgroup's members must leave the server out:
+
+- ``pids``: the worker is one of the tasks counted, and so is bubblewrap's
+  outer process (which a fence moved in once it is up leaves outside); the
+  turn's ``pids.max`` is written two higher (``Worker.seats``), so the turn
+  itself gets exactly its limit, either way;
+- killing what is left in a cgroup skips the server's own pid (``limits``);
+- ``memory``: a thread's memory is charged to its process's owner, not to the
+  thread's cgroup, and the OOM killer picks among processes whose leader is in
+  the cgroup, so neither the limit nor an OOM kill ever touches the server;
+- ``cpu``/``cpuacct``: the worker's few hundred microseconds of starting the
+  process count as the turn's.
+
+Under cgroup v2 a thread cannot be in another cgroup than its process (the
+memory controller allows no threaded subtree); the kernel's way there is
+clone3's ``CLONE_INTO_CGROUP``, which Python does not offer. So v2 turns are
+placed after they start, as turns are whenever no settled worker is free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import os
+import queue
+import secrets
+import subprocess
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from target_side.fence.cgroupfs import TURN_PREFIX
+
+log = logging.getLogger("paddock.target")
+
+IDLE_WORKERS = 2
+"""Settled workers kept waiting: turns starting closer together than a grace period share them."""
+REMOVE_TRIES = 50
+
+Start = Callable[[], "subprocess.Popen[bytes]"]
+
+
+class Worker:
+    """One thread: settles into a slot of fresh cgroups (if given), starts one process, waits.
+
+    ``spawned`` resolves (on the event loop) with the ``Popen`` or the error
+    starting it raised; ``ended`` with its exit status.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, parents: Sequence[Path] = ()) -> None:
+        self._loop = loop
+        self._parents = tuple(parents)
+        self.dirs: list[Path] = []
+        """The slot's cgroups (one per hierarchy) once the worker is in all of them."""
+        self.settled = concurrent.futures.Future[bool]()
+        self.spawned: asyncio.Future[subprocess.Popen[bytes]] = loop.create_future()
+        self.ended: asyncio.Future[int] = loop.create_future()
+        self._jobs: queue.SimpleQueue[Start | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._live, name="paddock-turn", daemon=True)
+        self._thread.start()
+
+    @property
+    def seats(self) -> int:
+        """Tasks in the turn's cgroups not the turn's own: counted by ``pids.max`` all the same.
+
+        The worker itself, and bubblewrap's outer process, born inside with the
+        rest (a fence moved in once it is up leaves that one outside).
+        """
+        return 2 if self.dirs else 0
+
+    def start(self, start: Start) -> asyncio.Future[subprocess.Popen[bytes]]:
+        """Run ``start`` on this worker's thread; then it waits for the process it returned."""
+        self._jobs.put(start)
+        return self.spawned
+
+    def discard(self) -> None:
+        """Not needed after all: the thread ends (leaving its cgroups), and they are removed."""
+        self._jobs.put(None)
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    def _live(self) -> None:
+        self._settle()
+        job = self._jobs.get()
+        if job is None:
+            return
+        try:
+            process = job()
+        except BaseException as exc:
+            self._report(self.spawned, exc)
+            return
+        self._report(self.spawned, process)
+        self._report(self.ended, process.wait())
+
+    def _settle(self) -> None:
+        """Move this thread into a fresh slot below each parent; on any failure, into none."""
+        if not self._parents:
+            self.settled.set_result(False)
+            return
+        name = f"{TURN_PREFIX}{os.getpid()}-t-{secrets.token_hex(16)}"
+        made: list[Path] = []
+        try:
+            for parent in self._parents:
+                slot = parent / name
+                slot.mkdir(mode=0o755)
+                made.append(slot)
+            tid = threading.get_native_id()
+            for slot in made:
+                # One thread, not the process: ``tasks`` takes a thread id (cgroup v1).
+                (slot / "tasks").write_text(f"{tid}\n")
+        except OSError as exc:
+            log.warning("could not settle a turn worker in %s: %s", made or self._parents, exc)
+            self._leave(made)
+            self.settled.set_result(False)
+            return
+        self.dirs = made
+        self.settled.set_result(True)
+
+    def _leave(self, made: list[Path]) -> None:
+        """Back into the parents, and the slot removed (a failed settle only)."""
+        tid = threading.get_native_id()
+        for slot in made:
+            with contextlib.suppress(OSError):
+                (slot.parent / "tasks").write_text(f"{tid}\n")
+            with contextlib.suppress(OSError):
+                slot.rmdir()
+
+    def _report(self, future: asyncio.Future[Any], outcome: object) -> None:
+        def settle() -> None:
+            if future.done():
+                return
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is waiting
+            self._loop.call_soon_threadsafe(settle)
+
+
+class Nursery:
+    """A few workers settled in fresh cgroups below ``parents``, replaced as turns take them."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, parents: Sequence[Path], idle: int = IDLE_WORKERS
+    ) -> None:
+        self._loop = loop
+        self._parents = tuple(parents)
+        self._idle: list[Worker] = []
+        self._closed = False
+        for _ in range(idle):
+            self._idle.append(Worker(loop, self._parents))
+
+    def take(self) -> Worker | None:
+        """A worker already in its slot, or None; another settles once this one has started.
+
+        Not at once: a thread settling holds the cgroup hierarchy's lock through
+        its grace period, which would hold up the taken slot's rename and limits.
+        """
+        for worker in self._idle:
+            if worker.settled.done() and worker.settled.result():
+                self._idle.remove(worker)
+                worker.spawned.add_done_callback(lambda _: self._replace())
+                return worker
+        self._idle = [w for w in self._idle if not (w.settled.done() and not w.settled.result())]
+        return None
+
+    def _replace(self) -> None:
+        if not self._closed:
+            self._idle.append(Worker(self._loop, self._parents))
+
+    def close(self) -> None:
+        """End the waiting workers and remove their slots."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for worker in idle:
+            worker.discard()
+        for worker in idle:
+            worker.join(timeout=5)
+            remove_when_empty(worker.dirs)
+
+
+def remove_when_empty(dirs: Sequence[Path]) -> list[Path]:
+    """rmdir each of ``dirs``, retrying a little while one is still busy; those left."""
+    left = list(dirs)
+    for _ in range(REMOVE_TRIES):
+        for path in list(left):
+            try:
+                path.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError:
+                continue
+            left.remove(path)
+        if not left:
+            break
+        threading.Event().wait(0.01)
+    return left

@@ -1,0 +1,191 @@
+"""Frames: a turn's events as its spool holds them, output as its own bytes, beside SSE."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import BUILDER_TOKEN, Target, submit, wait_until
+from process_support import TargetProcess, write_config
+
+from agent_side.client import TargetClient
+from agent_side.turns import drive, output_bytes
+from shared import frames
+from shared.walk import canonical_path
+from shared.wire import EVENTS, ExitEvent, OutputEvent, Turn, TurnRequest
+from target_side.service.spool import EventSpool, events_on_disk, records_on_disk
+
+BYTES = bytes(range(256)) * 64 + b"\0" * 4096 + "é€😀".encode()
+"""Every byte value, NULs, and characters of two to four bytes: what text output is not."""
+PRINT = ["python3", "-c", f"import sys; sys.stdout.buffer.write({BYTES!r})"]
+
+
+def _frames_of(c: httpx.Client, turn_id: str, **params: object) -> list[frames.Frame]:
+    decoder = frames.FrameDecoder()
+    found: list[frames.Frame] = []
+    headers = {"Accept": frames.MEDIA_TYPE}
+    with c.stream("GET", f"/v1/turns/{turn_id}/events", params=params, headers=headers) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"] == frames.MEDIA_TYPE
+        assert r.headers["vary"] == "Accept"
+        for chunk in r.iter_raw():
+            found += decoder.feed(chunk)
+    assert decoder.pending == 0
+    return found
+
+
+def test_frame_decoder_gives_the_same_frames_however_the_stream_is_split() -> None:
+    stream = b"".join(
+        [
+            frames.encode_header("stdout", 1, 10, 3) + b"abc",
+            frames.heartbeat(),
+            frames.encode_header("stderr", 2, 11, 0),
+            frames.encode_header("notice", 3, 12, 2) + b"{}",
+        ]
+    )
+    whole = frames.FrameDecoder().feed(stream)
+    assert [(f.kind, f.seq, f.at_us, f.payload) for f in whole] == [
+        ("stdout", 1, 10, b"abc"),
+        ("stderr", 2, 11, b""),
+        ("notice", 3, 12, b"{}"),
+    ]
+    for size in (1, 2, 5, 23, 24, 25):
+        decoder = frames.FrameDecoder()
+        split = [f for i in range(0, len(stream), size) for f in decoder.feed(stream[i : i + size])]
+        assert split == whole and decoder.pending == 0
+
+
+def test_frame_decoder_refuses_what_is_not_a_frame() -> None:
+    with pytest.raises(frames.FrameError, match="unknown kind 9"):
+        frames.FrameDecoder().feed(b"\x09" + b"\0" * 23)
+    too_big = frames.HEADER.pack(2, frames.MAX_PAYLOAD + 1, 1, 0)
+    with pytest.raises(frames.FrameError, match="more than"):
+        frames.FrameDecoder().feed(too_big)
+
+
+def test_frames_carry_output_as_its_own_bytes_and_the_ended_turn(
+    client: httpx.Client, target: Target
+) -> None:
+    turn = submit(client, argv=PRINT)
+    found = _frames_of(client, turn.turn_id)
+    assert [f.seq for f in found] == list(range(1, len(found) + 1))
+    assert found[0].kind == "started" and found[-1].kind == "exit"
+    assert b"".join(f.payload for f in found if f.kind == "stdout") == BYTES
+    end = EVENTS.validate_json(found[-1].payload)
+    assert isinstance(end, ExitEvent) and end.turn is not None
+    assert end.turn == Turn.model_validate(client.get(f"/v1/turns/{turn.turn_id}").json())
+    # The spool holds exactly what was served: the file's bytes, frame for frame.
+    spool = target.settings.state_root / "turns" / turn.turn_id / "events.frames"
+    assert b"".join(records_on_disk(spool)) == b"".join(
+        frames.encode_header(f.kind, f.seq, f.at_us, len(f.payload)) + f.payload for f in found
+    )
+
+
+def test_the_event_stream_serves_the_same_events_as_json(client: httpx.Client) -> None:
+    turn = submit(client, argv=PRINT)
+    found = _frames_of(client, turn.turn_id)
+    text = client.get(f"/v1/turns/{turn.turn_id}/events").text
+    sse = [EVENTS.validate_json(line[6:]) for line in text.splitlines() if line.startswith("data:")]
+    assert [(e.seq, e.kind) for e in sse] == [(f.seq, f.kind) for f in found]
+    assert b"".join(output_bytes(e) for e in sse if isinstance(e, OutputEvent)) == BYTES
+    # As it always has: the event stream's terminal event has no turn (clients may refuse it).
+    assert '"turn"' not in text.splitlines()[-2]
+
+
+def test_frames_resume_after_any_seq_and_heartbeat_while_quiet(client: httpx.Client) -> None:
+    turn = submit(client, argv=["sh", "-c", "echo one; sleep 2; echo two"])
+    assert wait_until(lambda: len(_frames_of(client, turn.turn_id, wait=0.1)) >= 2)
+    # Quiet now: the stream says so with a heartbeat, then ends when `wait` has passed.
+    raw = _raw(client, turn.turn_id, after=2, wait=0.3)
+    assert raw == frames.heartbeat()
+    found = frames.FrameDecoder().feed(_raw(client, turn.turn_id, after=1))
+    assert found[0].seq == 2 and found[-1].kind == "exit"
+    assert b"".join(f.payload for f in found if f.kind == "stdout") == b"one\ntwo\n"
+
+
+def _raw(c: httpx.Client, turn_id: str, **params: object) -> bytes:
+    headers = {"Accept": frames.MEDIA_TYPE}
+    with c.stream("GET", f"/v1/turns/{turn_id}/events", params=params, headers=headers) as r:
+        return b"".join(r.iter_raw())
+
+
+@pytest.mark.parametrize(
+    ("accept", "framed"),
+    [
+        (f"{frames.MEDIA_TYPE}, text/event-stream;q=0.5", True),
+        (f"text/event-stream, {frames.MEDIA_TYPE};q=0", False),
+        ("text/event-stream", False),
+        ("*/*", False),
+    ],
+)
+def test_frames_only_when_accept_asks_for_them(
+    client: httpx.Client, accept: str, framed: bool
+) -> None:
+    turn = submit(client, argv=["true"])
+    response = client.get(f"/v1/turns/{turn.turn_id}/events", headers={"Accept": accept})
+    expected = frames.MEDIA_TYPE if framed else "text/event-stream; charset=utf-8"
+    assert response.headers["content-type"] == expected
+
+
+def test_client_follows_frames_and_needs_no_get_for_the_end(target: Target) -> None:
+    requests: list[str] = []
+    with TargetClient(target.url, BUILDER_TOKEN, cacert=target.cacert) as client:
+        client._http.event_hooks["request"].append(lambda r: requests.append(r.url.path))
+        seen: list[object] = []
+        finished = drive(client, TurnRequest(role="builder", argv=PRINT), seen.append)
+    assert finished.exit_status == 0 and finished.turn.state == "exited"
+    assert b"".join(output_bytes(e) for e in seen if isinstance(e, OutputEvent)) == BYTES
+    assert [p for p in requests if not p.endswith("/events")] == ["/v1/turns"]
+
+
+def test_a_spool_from_before_frames_is_still_served_both_ways(tmp_path: Path) -> None:
+    """A target upgraded in place keeps the turns it had: their JSON-line spools are read."""
+    root = Path(canonical_path(tmp_path))
+    config, url = write_config(root)
+    first = TargetProcess.start(config, url, root / "first.log")
+    try:
+        with first.client() as c:
+            turn_id = submit(c, argv=PRINT).turn_id
+            before = _frames_of(c, turn_id)
+    finally:
+        first.terminate()
+    turn_dir = root / "state" / "turns" / turn_id
+    # The same events, as a target before frames spooled them.
+    spooled = events_on_disk(turn_dir / "events.frames")
+    lines = [e.model_dump_json(exclude_none=True, exclude={"turn"}) + "\n" for e in spooled]
+    (turn_dir / "events.jsonl").write_text("".join(lines))
+    os.unlink(turn_dir / "events.frames")
+    again = TargetProcess.start(config, url, root / "again.log")
+    try:
+        with again.client() as c:
+            after = _frames_of(c, turn_id)
+            text = c.get(f"/v1/turns/{turn_id}/events").text
+    finally:
+        again.terminate()
+    assert [(f.seq, f.kind) for f in after] == [(f.seq, f.kind) for f in before]
+    assert b"".join(f.payload for f in after if f.kind == "stdout") == BYTES
+    data = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data:")]
+    assert [d["seq"] for d in data] == [f.seq for f in before]
+    assert not (turn_dir / "events.frames").exists()
+
+
+async def test_a_running_turns_tail_is_served_from_memory_as_the_file_has_it(
+    tmp_path: Path,
+) -> None:
+    spool = EventSpool(tmp_path / "events.frames")
+    spool.append_kept("started")
+    for i in range(40):
+        spool.append("stdout", raw=bytes([i]) * 100_000)  # 4 MB: more than the tail keeps
+    on_disk = records_on_disk(tmp_path / "events.frames")
+    for after in (0, 1, 20, 35, 40):
+        served = b""
+        seq = after
+        while seq < spool.last_seq:
+            seq, _, block = await spool.frames_after(seq)
+            served += block
+        assert served == b"".join(on_disk[after:]), after
+        lines = await spool.raw_after(after)
+        assert [seq for seq, _, _ in lines] == list(range(after + 1, min(after + 256, 41) + 1))

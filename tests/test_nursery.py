@@ -1,0 +1,136 @@
+"""A turn's bubblewrap born inside its cgroups (cgroup v1), and the server kept out of its limits.
+
+The nursery's workers are threads of the server sitting in a turn's cgroups;
+nothing that reads a cgroup's members may ever take the server for the turn's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import launch_planned, local_settings
+from test_limits import PIDS_PROBE
+
+from shared.walk import canonical_path
+from shared.wire import PlannedLimits, TurnRequest
+from target_side.fence.identity import InProcess
+from target_side.fence.limits import Limiter, TurnLimits
+
+LIMITS = PlannedLimits(wall_s=30, memory_mb=256, pids=16, cpu=1.0, output_mb=1, scratch_mb=1)
+
+KILL_WITH_SERVER_LISTED = """
+import os, sys
+from pathlib import Path
+from target_side.fence.limits import Hierarchy, Limiter, TurnLimits
+from shared.walk import canonical_path
+from shared.wire import PlannedLimits, TurnRequest
+cgroup = Path(sys.argv[1])
+(cgroup / "cgroup.procs").write_text(f"{os.getpid()}\\n")
+limits = PlannedLimits(wall_s=1, memory_mb=1, pids=1, cpu=1.0, output_mb=1, scratch_mb=1)
+hierarchy = Hierarchy(1, cgroup.parent, frozenset({"pids"}))
+turn = TurnLimits(Limiter([hierarchy]), cgroup.name, limits, {cgroup: hierarchy})
+turn.kill()
+print("still here")
+"""
+
+
+def _v1_limiter() -> Limiter:
+    limiter = Limiter.detect()
+    if os.getuid() != 0 or not limiter.hierarchies:
+        pytest.skip("needs root and writable cgroups")
+    if any(h.version != 1 for h in limiter.hierarchies):
+        pytest.skip("the nursery is for cgroup v1 only")
+    return limiter
+
+
+def test_killing_a_turns_cgroup_never_kills_the_server_listed_in_it(tmp_path: Path) -> None:
+    # Under cgroup v1 a cgroup lists the process of every thread in it: a worker's, the server.
+    cgroup = tmp_path / "paddock-1-t-0"
+    cgroup.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", KILL_WITH_SERVER_LISTED, str(cgroup)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout) == (0, "still here\n"), done.stderr
+
+
+async def test_a_taken_slot_becomes_the_turns_cgroups_with_pids_for_what_is_not_the_turns() -> None:
+    limiter = _v1_limiter()
+    limiter.start_nursery(asyncio.get_running_loop())
+    try:
+        assert limiter.nursery is not None
+        turn = await _turn_with_worker(limiter)
+        assert turn.worker is not None
+        for path, hierarchy in turn.dirs.items():
+            assert path.name == f"paddock-{os.getpid()}-t-{'f' * 32}"
+            assert path.parent == hierarchy.turn_parent
+            tasks = (path / "tasks").read_text().split()
+            assert tasks == [str(worker_tid(turn.worker))]
+            if "pids" in hierarchy.controllers:
+                assert (path / "pids.max").read_text().strip() == str(LIMITS.pids + 2)
+        turn.remove_now()
+        assert not any(path.exists() for path in turn.dirs) and not turn.dirs
+    finally:
+        limiter.close()
+
+
+def worker_tid(worker: object) -> int:
+    return worker._thread.native_id  # type: ignore[attr-defined]
+
+
+async def test_a_process_started_by_a_settled_worker_is_born_in_its_cgroups() -> None:
+    limiter = _v1_limiter()
+    limiter.start_nursery(asyncio.get_running_loop())
+    try:
+        turn = await _turn_with_worker(limiter)
+        nobody = (65534, 65534)
+        process = await InProcess().spawn("nobody", nobody, ["sleep", "30"], (), False, turn)
+        try:
+            assert turn.born_inside
+            seen = Path(f"/proc/{process.pid}/cgroup").read_text()
+            for hierarchy in limiter.hierarchies:
+                (path,) = [
+                    where
+                    for _, named, where in (x.split(":", 2) for x in seen.splitlines())
+                    if hierarchy.controllers & set(named.split(","))
+                ]
+                assert path.endswith(f"/paddock-turns/{turn.name}"), (hierarchy, seen)
+        finally:
+            process.kill()
+            await process.wait()
+            process.release()
+        await turn.remove()
+        assert not turn.dirs
+    finally:
+        limiter.close()
+
+
+async def _turn_with_worker(limiter: Limiter) -> TurnLimits:
+    for _ in range(200):
+        turn = limiter.for_turn("t-" + "f" * 32, LIMITS)
+        if turn.worker is not None:
+            return turn
+        turn.remove_now()
+        await asyncio.sleep(0.01)
+    pytest.fail("no worker settled in 2 s")
+
+
+async def test_a_turn_started_without_a_worker_is_placed_in_its_cgroups(tmp_path: Path) -> None:
+    limiter = Limiter.detect()  # no nursery: the fence is moved in once it is up, as under v2
+    if os.getuid() != 0 or limiter.controller("pids") is None:
+        pytest.skip("needs root and a pids cgroup")
+    settings = local_settings(Path(canonical_path(tmp_path)))
+    request = TurnRequest(
+        role="builder", argv=["python3", "-c", PIDS_PROBE], limits={"pids": 8, "wall_s": 30}
+    )
+    outcome, seen = await launch_planned(settings, request, limiter=limiter)
+    assert outcome.exit_code == 0
+    # Moved in once up, bubblewrap's outer process stays outside: the turn has its 8.
+    assert "".join(str(f.get("data", "")) for kind, f in seen if kind == "stdout") == "8\n"
