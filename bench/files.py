@@ -50,7 +50,7 @@ def run(runs: int) -> str:
         base = put_cat if name.startswith("PUT 10") else cat if "10 MiB" in name else true
         table.append((name, ms(found.p50), ms(found.p95), rate, ratio(found.p50, base)))
     title = (
-        f"6. Files: the file API vs turns ({runs} runs each, interleaved; "
+        f"7. Files: the file API vs turns ({runs} runs each, interleaved; "
         "x base: 10 MiB rows against their cat turn, the rest against a turn of true)"
     )
     return render_table(title, ("row", "p50 ms", "p95 ms", "MiB/s", "x base"), table)

@@ -9,7 +9,17 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from bench import files, latency, memory, protect_scan, resume, sessions, soak, throughput
+from bench import (
+    concurrency,
+    files,
+    latency,
+    memory,
+    protect_scan,
+    resume,
+    sessions,
+    soak,
+    throughput,
+)
 from bench.common import MIB, machine_facts, mux_runtime
 
 
@@ -52,6 +62,7 @@ SECTIONS: dict[str, Callable[[Sizes], str]] = {
     "scan": lambda sizes: protect_scan.run(sizes.slow_runs),
     "files": lambda sizes: files.run(sizes.slow_runs),
     "sessions": lambda sizes: sessions.run(sizes.runs),
+    "concurrency": lambda sizes: concurrency.run(sizes.slow_runs),
     "soak": lambda sizes: soak.run(sizes.soak_minutes),
 }
 ON_REQUEST = frozenset({"soak"})

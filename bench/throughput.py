@@ -35,9 +35,8 @@ from shared.wire import ExitEvent, OutputEvent, TurnRequest
 READ_CHUNK = 64 * 1024
 PRINTABLE_LINE = "abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
-NUL_DIVISOR = 50
-"""The /dev/zero turn moves N / NUL_DIVISOR bytes: at its rate N would take minutes."""
 RANDOM_DIVISOR = 4
+"""The CLI and SSH-window rows move N / RANDOM_DIVISOR bytes (they are many, and slower)."""
 WINDOWS = tuple(sorted({2 * MIB, WINDOW_SIZE, 16 * MIB}))
 """SSH channel windows tried (N/RANDOM_DIVISOR each); agent_side's default among them."""
 
@@ -69,15 +68,14 @@ def run(size: int, label: str = "") -> str:
 
 
 def _paddock_rows(target: TargetInfo, size: int) -> list[Row]:
-    nul = size // NUL_DIVISOR
     rnd = size // RANDOM_DIVISOR
     printable = f"yes {PRINTABLE_LINE} | head -c {size}"
     return [
         Row(
             "paddock client: head /dev/zero",
-            nul,
-            _turn(target, ["head", "-c", str(nul), "/dev/zero"], nul),
-            f"NUL -> JSON \\u0000; N/{NUL_DIVISOR}",
+            size,
+            _turn(target, ["head", "-c", str(size), "/dev/zero"], size),
+            "NUL bytes: frames carry them as they are",
         ),
         Row(
             "paddock client: yes | head (text)",
@@ -87,9 +85,9 @@ def _paddock_rows(target: TargetInfo, size: int) -> list[Row]:
         ),
         Row(
             "paddock client: head /dev/urandom",
-            rnd,
-            _turn(target, ["head", "-c", str(rnd), "/dev/urandom"], rnd),
-            f"not UTF-8 -> base64; N/{RANDOM_DIVISOR}",
+            size,
+            _turn(target, ["head", "-c", str(size), "/dev/urandom"], size),
+            "not UTF-8: frames carry the bytes as they are",
         ),
         Row(
             "paddock run CLI --no-mux: yes | head",

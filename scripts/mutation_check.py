@@ -1143,6 +1143,13 @@ MUTATIONS += (
         ("tests/test_agent_leases.py -k file_operations_and_sessions",),
     ),
     Mutation(
+        "nearly-full-disk-admits-turns",
+        "target_side/service/turns.py",
+        "        if self._disk_failure is not None or self._disk_low is not None:",
+        "        if self._disk_failure is not None:",
+        ("tests/test_disk_full.py -k nearly",),
+    ),
+    Mutation(
         "lease-not-required",
         "target_side/service/leases.py",
         "            if config is not None and config.require_lease:",

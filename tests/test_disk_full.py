@@ -3,6 +3,7 @@ other turns still get their ends, new turns get 503, and freeing space brings it
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -65,6 +66,13 @@ def _start_filling(target: TargetProcess, state: Path) -> tuple[str, str]:
     return quiet["turn_id"], filler["turn_id"]
 
 
+def _fill(path: Path) -> None:
+    """Write ``path`` until its filesystem has no room left."""
+    with open(path, "wb", buffering=0) as out, contextlib.suppress(OSError):
+        while True:
+            out.write(b"\0" * 4096)
+
+
 def test_full_disk_ends_the_filling_turn_and_refuses_new_ones_until_space_returns(
     tmp_path: Path, small_disk: Path
 ) -> None:
@@ -84,6 +92,9 @@ def test_full_disk_ends_the_filling_turn_and_refuses_new_ones_until_space_return
             # Another role's turn, ending while the disk is full, still gets its end.
             quiet_events = events(other, quiet_id)
             assert (quiet_events[-1].kind, quiet_events[-1].exit_code) == ("exit", 0)  # type: ignore[union-attr]
+            # The filler's torn last frame was cut away, which may have freed as much as
+            # one read of output: take that too, so the disk is full while this part runs.
+            _fill(small_disk / "top-up")
             # New turns: refused cleanly, with a problem body and a time to come back.
             refused = other.post("/v1/turns", json={"role": "other", "argv": ["true"]})
             assert refused.status_code == 503
@@ -93,6 +104,7 @@ def test_full_disk_ends_the_filling_turn_and_refuses_new_ones_until_space_return
             assert "disk" in _causes(c)
 
             (small_disk / "ballast").unlink()
+            (small_disk / "top-up").unlink()
             assert wait_until(lambda: "disk" not in _causes(c), timeout=30)
             again = other.post("/v1/turns", json={"role": "other", "argv": ["echo", "back"]})
             assert again.status_code == 201
@@ -149,3 +161,24 @@ def test_a_target_killed_while_its_disk_is_full_comes_back_with_whole_tails(
     for turn_id in (filler_id, quiet_id):
         assert _spool_events(small_disk, turn_id)[-1].kind == "exit"
     ledger.verify(small_disk)
+
+
+def test_a_nearly_full_disk_refuses_new_turns_before_any_write_fails(
+    tmp_path: Path, small_disk: Path
+) -> None:
+    """Below the low-water mark a new turn would only find the disk full: refused at once."""
+    root = Path(canonical_path(tmp_path))
+    config, url = write_config(root, state=small_disk)
+    target = TargetProcess.start(config, url, root / "target.log")
+    try:
+        with target.client(OTHER_HEADERS) as other:
+            _fill(small_disk / "top-up")
+            refused = other.post("/v1/turns", json={"role": "other", "argv": ["true"]})
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["reason"] == "disk"
+            assert "MiB free" in refused.json()["detail"]
+            (small_disk / "top-up").unlink()
+            again = other.post("/v1/turns", json={"role": "other", "argv": ["true"]})
+            assert again.status_code == 201, again.text
+    finally:
+        target.kill()

@@ -171,6 +171,8 @@ class TurnManager:
         self._running = 0
         self._running_by_role: Counter[str] = Counter()
         self._disk_failure: str | None = None
+        self._disk_low: str | None = None
+        """Why free space is below the low-water mark, while it is: no new turn either."""
         self._stopping = False
         self._watch: asyncio.Task[None] | None = None
         self._disk_news = asyncio.Event()
@@ -359,7 +361,7 @@ class TurnManager:
         """Count a new turn against the caps, or say why it cannot run now."""
         if self._stopping:
             raise self._stopping_now()
-        if self._disk_failure is not None:
+        if self._disk_failure is not None or self._disk_low is not None:
             raise self._disk_unavailable()
         role_cap = self.settings.roles[role].limits.turns if role in self.settings.roles else None
         if role_cap is not None and self._running_by_role[role] >= role_cap:
@@ -475,7 +477,8 @@ class TurnManager:
     def _disk_unavailable(self) -> TargetUnavailable:
         return TargetUnavailable(
             f"the target's state disk ({self.settings.state_root}) is full or failing "
-            f"({self._disk_failure}); it takes no new turn until it can write again",
+            f"({self._disk_failure or self._disk_low}); it takes no new turn until it can "
+            "write again",
             "disk",
             DISK_RETRY_AFTER_S,
         )
@@ -751,10 +754,11 @@ class TurnManager:
             self.board.degrade("disk", f"cannot read free space of the state root: {exc}")
             return
         if usage.free < low_water(usage.total):
-            self.board.degrade(
-                "disk", f"only {usage.free >> 20} MiB free under {self.settings.state_root}"
-            )
+            # A turn admitted now would only find the disk full: refused until space returns.
+            self._disk_low = f"only {usage.free >> 20} MiB free under {self.settings.state_root}"
+            self.board.degrade("disk", self._disk_low)
         else:
+            self._disk_low = None
             self.board.recover("disk")
 
     def plan(self, request: TurnRequest, turn_id: str) -> FencePlan:

@@ -1,0 +1,139 @@
+"""Section ``concurrency``: many turns at once, against the same processes started bare.
+
+Two loads, each run a few rounds: 50 turns of ``true`` at once (how many turns
+a second the target gets through) and 200 turns of ``sleep 1`` at once (how
+long until the last has ended: the target's own cost is what the wall time
+adds to one second). Each turn has its agent: a thread with its own client
+and connection, opened and warmed before the clock starts, which submits and
+follows its turn to the exit event. The baselines start the same commands
+bare, all at once, in the same run: as processes, and in bubblewrap with the
+fence's flags.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from bench.common import Samples, ratio, render_table, with_failures
+from bench.latency import BARE_BWRAP
+from bench.targets import ROLE, TargetInfo, target_process
+from shared.wire import ExitEvent, TurnRequest
+
+LOADS = ((50, ("true",)), (200, ("sleep", "1")))
+"""(turns at once, the command): issue 12's two rows."""
+START_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Load:
+    count: int
+    argv: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        return f"{self.count} concurrent `{' '.join(self.argv)}`"
+
+
+def run(rounds: int) -> str:
+    """Every load, ``rounds`` times over, bare and through a target process."""
+    failures: list[str] = []
+    rows: list[list[str]] = []
+    with target_process() as target:
+        for count, argv in LOADS:
+            load = Load(count, argv)
+            bare = Samples(tuple(_bare(load.count, _usr_bin(load.argv)) for _ in range(rounds)))
+            fenced = Samples(tuple(_bare(load.count, _in_bwrap(load.argv)) for _ in range(rounds)))
+            turns = Samples(tuple(_turns(target, load, failures) for _ in range(rounds)))
+            rows += _rows(load, bare, fenced, turns)
+    return with_failures(_table(rows, rounds), failures)
+
+
+def _usr_bin(argv: Sequence[str]) -> list[str]:
+    return [f"/usr/bin/{argv[0]}", *argv[1:]]
+
+
+def _in_bwrap(argv: Sequence[str]) -> list[str]:
+    return [*BARE_BWRAP[:-1], *_usr_bin(argv)]
+
+
+def _bare(count: int, argv: list[str]) -> float:
+    """Seconds from starting ``count`` copies of ``argv`` at once until the last has ended."""
+    started = time.perf_counter()
+    procs = [
+        subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(count)
+    ]
+    codes = [proc.wait() for proc in procs]
+    took = time.perf_counter() - started
+    if any(codes):
+        raise RuntimeError(f"{argv} failed bare: exit statuses {sorted(set(codes))}")
+    return took
+
+
+def _turns(target: TargetInfo, load: Load, failures: list[str]) -> float:
+    """Seconds from ``load.count`` warmed agents submitting at once until the last turn ended."""
+    request = TurnRequest(role=ROLE, argv=list(load.argv))
+    ready = threading.Barrier(load.count + 1)
+    ended: list[str | None] = []
+    lock = threading.Lock()
+
+    def agent() -> None:
+        outcome: str | None = None
+        try:
+            with target.client() as client:
+                client.health()  # connected and through TLS before the clock starts
+                ready.wait(START_TIMEOUT_S)
+                turn = client.submit(request)
+                last = None
+                for event in client.follow(turn.turn_id):
+                    last = event
+                if not (isinstance(last, ExitEvent) and last.exit_code == 0):
+                    outcome = f"{load.label}: turn {turn.turn_id} ended with {last!r}"
+        except BaseException as exc:  # reported below, with the others
+            outcome = f"{load.label}: {exc!r}"
+            ready.abort()
+        with lock:
+            ended.append(outcome)
+
+    threads = [threading.Thread(target=agent, daemon=True) for _ in range(load.count)]
+    for thread in threads:
+        thread.start()
+    ready.wait(START_TIMEOUT_S)
+    started = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    took = time.perf_counter() - started
+    failures.extend(outcome for outcome in ended if outcome is not None)
+    return took
+
+
+def _rows(load: Load, bare: Samples, fenced: Samples, turns: Samples) -> list[list[str]]:
+    base = fenced.p50
+    return [
+        [
+            f"{load.label}, {label}",
+            f"{samples.p50:.2f}",
+            f"{max(samples.values):.2f}",
+            f"{load.count / samples.p50:.0f}",
+            ratio(samples.p50, base),
+        ]
+        for label, samples in (
+            ("processes", bare),
+            ("bwrap, fence flags", fenced),
+            ("paddock turns", turns),
+        )
+    ]
+
+
+def _table(rows: list[list[str]], rounds: int) -> str:
+    title = (
+        f"8. Concurrent turns (a target process; {rounds} rounds each; every turn its own agent\n"
+        "   thread and connection, warmed first; wall from the submissions to the last exit;\n"
+        "   baselines: the same commands started bare, all at once, in this run)"
+    )
+    headers = ["load", "wall p50 s", "max s", "per s", "vs bwrap"]
+    return render_table(title, headers, rows)
