@@ -1336,7 +1336,8 @@ def _red(tree: Path, spec: str) -> bool:
     # A base temp of its own: pytest's shared one is swept (and made 0700) by every session,
     # so a suite running beside this one would turn its tests red for the wrong reason.
     basetemp = f"--basetemp={tree.parent / 'pytest'}"
-    argv = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", basetemp, path]
+    argv = [sys.executable, "-m", "pytest", "-q", "-x", "-n", "0", "-p", "no:cacheprovider"]
+    argv += [basetemp, path]
     if expr:
         argv += ["-k", expr]
     result = subprocess.run(argv, cwd=tree, capture_output=True, text=True, timeout=600)

@@ -257,14 +257,19 @@ async def test_a_run_in_flight_is_killed_when_the_server_ends(
         with contextlib.suppress(Exception):  # its answer never comes: the server ends first
             await session.call_tool("run", {"command": f"touch {started}; sleep 60"})
 
+    def running_now() -> list[dict[str, Any]]:
+        with target.client() as client:
+            return [t for t in client.get("/v1/turns").json() if t["state"] == "running"]
+
+    # The target is the session's: turns other tests left running are not this one.
+    others = {t["turn_id"] for t in running_now()}
     async with anyio.create_task_group() as tasks:
         async with connected(env=paddock_env) as session:
             tasks.start_soon(run_long, session)
             with anyio.fail_after(20):
                 while not started.exists():
                     await anyio.sleep(0.05)
-            with target.client() as client:
-                running = [t for t in client.get("/v1/turns").json() if t["state"] == "running"]
+            running = [t for t in running_now() if t["turn_id"] not in others]
         tasks.cancel_scope.cancel()
     assert len(running) == 1
 
