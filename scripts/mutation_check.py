@@ -1194,8 +1194,8 @@ MUTATIONS += (
     Mutation(
         "session-turn-asks-past-its-session",
         "target_side/service/sessions.py",
-        "    if asked is not None and asked > most:\n        raise refusals.limit_exceeds_session",
-        "    if False:\n        raise refusals.limit_exceeds_session",
+        "    if asked is not None and asked > most:\n        raise RefusedError(refusals.limit_exceeds_session",
+        "    if False:\n        raise RefusedError(refusals.limit_exceeds_session",
         (SESSION_TESTS + "::test_session_turn_cannot_ask_for_more_than_its_session",),
     ),
     Mutation(

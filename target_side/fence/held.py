@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from target_side import trust
-from target_side.errors import PathChanged
+from target_side.errors import PathChanged, RefusedError
 from target_side.fence.nofollow import open_no_follow
 from target_side.policy import refusals
 from target_side.policy.mounts import Mount
@@ -93,11 +93,13 @@ def _check_home(fd: int, mount: Mount, plan: FencePlan) -> None:
     st = os.fstat(fd)
     if not stat.S_ISDIR(st.st_mode) or (st.st_uid, st.st_gid) != (plan.uid, plan.gid):
         _close(fd)
-        raise refusals.path_changed(
-            mount.subject,
-            mount.source,
-            mount.source,
-            f"it is not a directory of uid {plan.uid} and gid {plan.gid}",
+        raise RefusedError(
+            refusals.path_changed(
+                mount.subject,
+                mount.source,
+                mount.source,
+                f"it is not a directory of uid {plan.uid} and gid {plan.gid}",
+            )
         )
 
 
@@ -105,7 +107,7 @@ def _hold_or_refuse(path: str, identity: tuple[int, int] | None, subject: str) -
     try:
         return hold(path, identity)
     except PathChanged as exc:
-        raise refusals.path_changed(subject, path, path, str(exc)) from exc
+        raise RefusedError(refusals.path_changed(subject, path, path, str(exc))) from exc
 
 
 def hold_executable(plan: FencePlan) -> int:
@@ -118,12 +120,16 @@ def hold_executable(plan: FencePlan) -> int:
     try:
         fd = hold(exe.path, (exe.dev, exe.ino))
     except PathChanged as exc:
-        raise refusals.path_changed("argv[0]", plan.argv[0], exe.path, str(exc)) from exc
+        raise RefusedError(
+            refusals.path_changed("argv[0]", plan.argv[0], exe.path, str(exc))
+        ) from exc
     st = os.fstat(fd)
     problem = _unrunnable(st, plan.uid)
     if problem is not None:
         os.close(fd)
-        raise refusals.path_changed("argv[0]", plan.argv[0], exe.path) from PathChanged(problem)
+        raise RefusedError(
+            refusals.path_changed("argv[0]", plan.argv[0], exe.path)
+        ) from PathChanged(problem)
     return fd
 
 

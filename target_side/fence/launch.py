@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from shared.wire import Refusal
-from target_side.errors import BackendError, LauncherError, LimitError
+from target_side.errors import BackendError, LauncherError, LimitError, RefusedError
 from target_side.fence import syscall_filter
 from target_side.fence.held import FailureHook, HeldFence, hold_fence, no_failure
 from target_side.fence.identity import BWRAP_ENV, Identity, InProcess
@@ -273,13 +273,13 @@ def explain_setup_failure(stderr_tail: bytes, sources: Mapping[int, str] | None 
         said = re.sub(rf"/proc/self/fd/{fd}\b", f"{path} (/proc/self/fd/{fd})", said)
     if "execvp" in last:
         why = f"could not be executed in the fence ({said})"
-        return refusals.not_executable("argv[0]", "", why).refusal
+        return refusals.not_executable("argv[0]", "", why)
     if "Race condition binding dirfd" in last or "Can't find source path /proc/self/fd/" in last:
         # A held source was replaced or unlinked (a package upgrade, useradd rewriting
         # /etc/passwd) between bwrap resolving its descriptor and mounting it.
-        return refusals.path_changed("fence", None, None, f"bubblewrap: {said}").refusal
+        return refusals.path_changed("fence", None, None, f"bubblewrap: {said}")
     why = f"bubblewrap could not set up the fence: {said}"
-    return refusals.backend_unavailable(why).refusal
+    return refusals.backend_unavailable(why)
 
 
 async def launch_turn(
@@ -348,12 +348,14 @@ async def launch_turn(
         _close_all(opened)
         if limits is not None:
             limits.remove_now()
-        raise refusals.backend_unavailable(str(exc)) from exc
+        raise RefusedError(refusals.backend_unavailable(str(exc))) from exc
     except OSError as exc:
         _close_all(opened)
         if limits is not None:
             limits.remove_now()
-        raise refusals.backend_unavailable(f"could not start bubblewrap: {exc}") from exc
+        raise RefusedError(
+            refusals.backend_unavailable(f"could not start bubblewrap: {exc}")
+        ) from exc
     except BaseException:
         _close_all(opened)
         if limits is not None:

@@ -243,7 +243,7 @@ class RunningTurn:
                 ExitStatus.PADDOCK_FAILED, None, None, wall, self._truncated, failure=failure
             )
         if self._limit_failure is not None:
-            refusal = refusals.backend_unavailable(self._limit_failure).refusal
+            refusal = refusals.backend_unavailable(self._limit_failure)
             return Outcome(ExitStatus.REFUSED, None, refusal, wall, self._truncated)
         if self._timed_out:
             return Outcome(ExitStatus.TIMED_OUT, None, None, wall, self._truncated)
@@ -260,7 +260,7 @@ class RunningTurn:
         if self._explain is not None:
             return self._explain(self._stderr_tail)
         why = "the fence could not be set up"
-        return refusals.backend_unavailable(why).refusal
+        return refusals.backend_unavailable(why)
 
     async def _pump(self, stream: asyncio.StreamReader | None, kind: str) -> None:
         """The stream's bytes as output events, as read: never decoded, escaped or encoded."""

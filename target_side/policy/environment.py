@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping
 
 from shared.wire import LeaseRef
+from target_side.errors import RefusedError
 from target_side.policy import refusals
 
 FENCE_LOCALE = "C.UTF-8"
@@ -67,12 +68,16 @@ def build_env(
 def _check_declared(declared: Mapping[str, str]) -> None:
     for name, value in declared.items():
         if name.startswith("PADDOCK_"):
-            raise refusals.reserved_env(name)
+            raise RefusedError(refusals.reserved_env(name))
         if not _ENV_NAME.fullmatch(name):
-            raise refusals.invalid_env(
-                name, "is not a valid name (letters, digits, '_'; not starting with a digit)"
+            raise RefusedError(
+                refusals.invalid_env(
+                    name, "is not a valid name (letters, digits, '_'; not starting with a digit)"
+                )
             )
         if "\0" in value:
-            raise refusals.invalid_env(
-                name, "has a NUL byte in its value, which no process can receive"
+            raise RefusedError(
+                refusals.invalid_env(
+                    name, "has a NUL byte in its value, which no process can receive"
+                )
             )

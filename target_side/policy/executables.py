@@ -50,7 +50,7 @@ def resolve_executable(
             refused_as_unrunnable = refused_as_unrunnable or exc
     if refused_as_unrunnable is not None:
         raise refused_as_unrunnable
-    raise refusals.not_found(program, f"on the fence's PATH ({search_path})")
+    raise RefusedError(refusals.not_found(program, f"on the fence's PATH ({search_path})"))
 
 
 def _visible(resolved: str, mounts: Sequence[Mount]) -> bool:
@@ -62,18 +62,24 @@ def _checked_executable(
 ) -> Executable:
     resolved = resolve("argv[0]", candidate)
     if not _visible(resolved, mounts):
-        raise refusals.not_found(given, f"inside the fence ({resolved} is not mounted there)")
+        raise RefusedError(
+            refusals.not_found(given, f"inside the fence ({resolved} is not mounted there)")
+        )
     try:
         st = os.stat(resolved)
     except OSError:
-        raise refusals.not_found(given, f"inside the fence ({resolved} does not exist)") from None
+        raise RefusedError(
+            refusals.not_found(given, f"inside the fence ({resolved} does not exist)")
+        ) from None
     if not stat.S_ISREG(st.st_mode):
-        raise refusals.not_executable(given, resolved, "is not a regular file")
+        raise RefusedError(refusals.not_executable(given, resolved, "is not a regular file"))
     if not st.st_mode & 0o111:
-        raise refusals.not_executable(given, resolved, "has no execute permission (chmod +x it)")
+        raise RefusedError(
+            refusals.not_executable(given, resolved, "has no execute permission (chmod +x it)")
+        )
     problem = trust.file_problem(st, uid)
     if problem is not None:
-        raise refusals.untrusted_executable(given, resolved, f"{resolved} {problem}")
+        raise RefusedError(refusals.untrusted_executable(given, resolved, f"{resolved} {problem}"))
     _check_directories(given, resolved, posixpath.dirname(resolved), uid)
     # The directory the name was found in counts too: a symlink there could be repointed.
     _check_directories(given, resolved, resolve("argv[0]", posixpath.dirname(candidate)), uid)
@@ -85,4 +91,4 @@ def _check_directories(given: str, resolved: str, directory: str, uid: int) -> N
     found = trust.untrusted_ancestor(directory, uid)
     if found is not None:
         where, why = found
-        raise refusals.untrusted_executable(given, resolved, f"{where} {why}")
+        raise RefusedError(refusals.untrusted_executable(given, resolved, f"{where} {why}"))

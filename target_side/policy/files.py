@@ -30,6 +30,7 @@ from typing import Any, Literal
 from shared.walk import is_within
 from shared.wire import Limits
 from target_side.config import Settings
+from target_side.errors import MissingPath, RefusedError
 from target_side.policy import refusals
 from target_side.policy.environment import build_env
 from target_side.policy.executables import resolve_executable
@@ -140,7 +141,7 @@ def _readable(planner: MountPlanner, path: str) -> str:
     """A path a turn could read: mounted read-only, by itself."""
     resolved = resolve("path", path)
     if not os.path.lexists(resolved):
-        raise refusals.missing_path("path", path, resolved)
+        raise MissingPath(refusals.missing_path("path", path, resolved))
     planner.existing("ro", path, "path")
     return resolved
 
@@ -152,15 +153,19 @@ def _writable_file(
     resolved = resolve("path", path)
     workspace = _workspace_of(resolved, workspaces)
     if workspace is None:
-        raise refusals.outside_workspace("path", path, resolved, workspaces)
+        raise RefusedError(refusals.outside_workspace("path", path, resolved, workspaces))
     if resolved == workspace:
-        raise refusals.bad_mount(
-            "path", path, resolved, "is a workspace, a directory; name a file inside it"
+        raise RefusedError(
+            refusals.bad_mount(
+                "path", path, resolved, "is a workspace, a directory; name a file inside it"
+            )
         )
     refuse_protected("path", path, resolved, workspace, names)
     directory = posixpath.dirname(resolved)
     if not os.path.isdir(directory):
-        raise refusals.missing_path("path", path, directory, " (make the directory first)")
+        raise MissingPath(
+            refusals.missing_path("path", path, directory, " (make the directory first)")
+        )
     planner.workspace_dir(directory, "path")
     found = scan_entries(directory, names)
     return resolved, protect_found(planner, found)
@@ -184,7 +189,7 @@ def _writable_dir(
     resolved = resolve("path", path)
     workspace = _workspace_of(resolved, workspaces)
     if workspace is None:
-        raise refusals.outside_workspace("path", path, resolved, workspaces)
+        raise RefusedError(refusals.outside_workspace("path", path, resolved, workspaces))
     refuse_protected("path", path, resolved, workspace, names)
     exists = os.path.lexists(resolved)
     if exists:
@@ -194,7 +199,9 @@ def _writable_dir(
     else:
         parent = posixpath.dirname(resolved)
         if not os.path.isdir(parent):
-            raise refusals.missing_path("path", path, parent, " (make its parent directory first)")
+            raise MissingPath(
+                refusals.missing_path("path", path, parent, " (make its parent directory first)")
+            )
         planner.workspace_dir(parent, "path")
         audit = protect_found(planner, scan_entries(parent, names))
         keep = []
@@ -215,11 +222,15 @@ def refuse_protected(
     below = _below(resolved, workspace)
     for name in (GIT_DIR_NAME, *names):
         if _holds_sequence(below, name.split("/")):
-            raise refusals.protected_path(subject, given, resolved, f"is or lies inside {name!r}")
+            raise RefusedError(
+                refusals.protected_path(subject, given, resolved, f"is or lies inside {name!r}")
+            )
     git_dir = git_dir_above(resolved)
     if git_dir is not None:
-        raise refusals.protected_path(
-            subject, given, resolved, f"lies inside the git directory {git_dir}"
+        raise RefusedError(
+            refusals.protected_path(
+                subject, given, resolved, f"lies inside the git directory {git_dir}"
+            )
         )
 
 

@@ -15,6 +15,7 @@ from typing import Literal
 
 from shared.walk import is_within
 from target_side import trust
+from target_side.errors import RefusedError
 from target_side.policy import refusals
 from target_side.policy.forbidden import ForbiddenList
 from target_side.policy.paths import is_normal, resolve
@@ -112,7 +113,7 @@ class MountPlanner:
                 continue  # a missing entry is the operator's to fix: config check says so
             found = trust.untrusted_ancestor(resolved)
             if found is not None:
-                raise refusals.untrusted_path_dir(found[0], found[1])
+                raise RefusedError(refusals.untrusted_path_dir(found[0], found[1]))
             self.add("ro", directory, "fence.path")
 
     def visible(self, resolved: str) -> bool:
@@ -129,7 +130,7 @@ class MountPlanner:
         self.check_forbidden(subject, path, resolved)
         target = dest or resolved
         if not is_normal(target):
-            raise refusals.abnormal_destination(subject, target)
+            raise RefusedError(refusals.abnormal_destination(subject, target))
         if subject != "fence.etc":
             # (The curated /etc is the target's own copy, made without /etc's secrets.)
             self.check_forbidden(subject, target, target)
@@ -143,24 +144,26 @@ class MountPlanner:
         try:
             st = os.stat(resolved)
         except OSError:
-            raise refusals.bad_mount(
-                subject, path, resolved, "does not exist on the target"
+            raise RefusedError(
+                refusals.bad_mount(subject, path, resolved, "does not exist on the target")
             ) from None
         if stat.S_ISSOCK(st.st_mode):
-            raise refusals.socket_path(subject, path, resolved)
+            raise RefusedError(refusals.socket_path(subject, path, resolved))
         return self.add(kind, path, subject, dest)
 
     def workspace_dir(self, path: str, subject: str) -> str:
         resolved = resolve(subject, path)
         if not any(is_within(resolved, w) for w in self.workspaces):
-            raise refusals.outside_workspace(subject, path, resolved, self.workspaces)
+            raise RefusedError(refusals.outside_workspace(subject, path, resolved, self.workspaces))
         if not os.path.isdir(resolved):
-            raise refusals.bad_mount(
-                subject,
-                path,
-                resolved,
-                "is not an existing directory; create it on the target first, "
-                "or ask for one that exists",
+            raise RefusedError(
+                refusals.bad_mount(
+                    subject,
+                    path,
+                    resolved,
+                    "is not an existing directory; create it on the target first, "
+                    "or ask for one that exists",
+                )
             )
         return self.existing("rw", path, subject)
 
@@ -186,8 +189,10 @@ class MountPlanner:
                 pass  # made at launch (the role's home and what leads to it)
             else:
                 if not _may_search(st, uid, gid):
-                    raise refusals.unreachable_for_role(
-                        subject, given, resolved, directory, uid, stat.S_IMODE(st.st_mode)
+                    raise RefusedError(
+                        refusals.unreachable_for_role(
+                            subject, given, resolved, directory, uid, stat.S_IMODE(st.st_mode)
+                        )
                     )
             self._searchable.add(directory)
             if directory == "/":
@@ -197,7 +202,7 @@ class MountPlanner:
     def check_forbidden(self, subject: str, given: str, resolved: str) -> None:
         hit = self.forbidden.collision(resolved)
         if hit is not None:
-            raise refusals.forbidden_path(subject, given, resolved, hit)
+            raise RefusedError(refusals.forbidden_path(subject, given, resolved, hit))
 
 
 def _may_search(st: os.stat_result, uid: int, gid: int) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import posixpath
 
 from shared.walk import WalkError, canonical_path
+from target_side.errors import RefusedError
 from target_side.policy import refusals
 
 
@@ -13,7 +14,9 @@ def resolve(subject: str, path: str) -> str:
     try:
         return canonical_path(path)
     except WalkError as exc:
-        raise refusals.bad_mount(subject, path, path, f"cannot be resolved: {exc}") from exc
+        raise RefusedError(
+            refusals.bad_mount(subject, path, path, f"cannot be resolved: {exc}")
+        ) from exc
 
 
 def is_normal(path: str) -> bool:

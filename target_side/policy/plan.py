@@ -102,7 +102,7 @@ def plan_turn(
     for entry in managed.entries(role.home, settings.fence):
         problem = managed.file_problem(entry)
         if problem is not None:
-            raise refusals.bad_managed_entry(entry.subject, entry.source, problem)
+            raise RefusedError(refusals.bad_managed_entry(entry.subject, entry.source, problem))
         planner.existing("ro", entry.source, entry.subject, dest=posixpath.join(home, entry.place))
     audit = protect_writable(planner, settings)
     env = build_env(
@@ -149,7 +149,7 @@ def _terminal_helper(search_path: str, cwd: str, mounts: list[Mount], uid: int) 
     try:
         found, _ = resolve_executable(TERMINAL_HELPER, search_path, cwd, mounts, uid)
     except RefusedError as exc:
-        raise refusals.no_terminal(TERMINAL_HELPER, exc.refusal.detail) from exc
+        raise RefusedError(refusals.no_terminal(TERMINAL_HELPER, exc.refusal.detail)) from exc
     return found
 
 
@@ -159,7 +159,7 @@ def effective_limits(asked: Limits, maxima: RoleLimits) -> PlannedLimits:
     for name in PlannedLimits.model_fields:
         want, most = getattr(asked, name), getattr(maxima, name)
         if want is not None and want > most:
-            raise refusals.limit_exceeds_role(name, want, most)
+            raise RefusedError(refusals.limit_exceeds_role(name, want, most))
         values[name] = most if want is None else want
     return PlannedLimits.model_validate(values)
 
@@ -172,30 +172,36 @@ def host_ids(settings: Settings, role: str) -> tuple[int, int]:
     """
     if settings.fence.identity == "server":
         if os.getuid() == 0:
-            raise refusals.identity_unavailable(
-                role,
-                'identity = "server" would run it as root; a server running as root gives '
-                "every role its own uid: remove the key",
+            raise RefusedError(
+                refusals.identity_unavailable(
+                    role,
+                    'identity = "server" would run it as root; a server running as root gives '
+                    "every role its own uid: remove the key",
+                )
             )
         return os.getuid(), os.getgid()
     uid, gid = settings.role_ids(role)
     if uid == os.getuid():
-        raise refusals.identity_unavailable(
-            role, f"its uid {uid} is the server's own; give the role a uid of its own"
+        raise RefusedError(
+            refusals.identity_unavailable(
+                role, f"its uid {uid} is the server's own; give the role a uid of its own"
+            )
         )
     if os.getuid() != 0 and settings.fence.launcher is None:
-        raise refusals.identity_unavailable(
-            role,
-            f"its turns run as uid {uid}, which a server running as uid {os.getuid()} can "
-            "only do through the privileged launcher: set [fence] launcher (deploy sets it "
-            'up), or, for a private single-user target, [fence] identity = "server"',
+        raise RefusedError(
+            refusals.identity_unavailable(
+                role,
+                f"its turns run as uid {uid}, which a server running as uid {os.getuid()} can "
+                "only do through the privileged launcher: set [fence] launcher (deploy sets it "
+                'up), or, for a private single-user target, [fence] identity = "server"',
+            )
         )
     return uid, gid
 
 
 def _network(request: TurnRequest, role: RoleConfig) -> bool:
     if request.network == "host" and not role.allow_network:
-        raise refusals.network_not_allowed(request.role)
+        raise RefusedError(refusals.network_not_allowed(request.role))
     return request.network == "host"
 
 
@@ -210,7 +216,7 @@ def protect_writable(planner: MountPlanner, settings: Settings) -> dict[str, str
     for subject, root in writable:
         member = protected_member_holding(root)
         if member is not None and subject != "roles.home":
-            raise refusals.protected_mount(subject, root, root, member)
+            raise RefusedError(refusals.protected_mount(subject, root, root, member))
     names = protected_names(settings)
     # The role's home is only ever used inside fences: its rc files are its own business.
     found = scan(
@@ -242,5 +248,5 @@ def _script_body(request: TurnRequest) -> bytes | None:
     body = request.script.encode()
     actual = hashlib.sha256(body).hexdigest()
     if actual != request.script_sha256:
-        raise refusals.digest_mismatch(str(request.script_sha256), actual)
+        raise RefusedError(refusals.digest_mismatch(str(request.script_sha256), actual))
     return body

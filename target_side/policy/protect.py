@@ -32,6 +32,7 @@ import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from target_side.errors import RefusedError
 from target_side.policy import refusals
 
 PROTECTED_NAMES = (
@@ -106,8 +107,8 @@ def scan_entries(root: str, names: tuple[str, ...]) -> Protection:
         with os.scandir(root) as listing:
             entries = list(listing)
     except OSError as exc:
-        raise refusals.bad_mount(
-            "fence.protect", root, root, f"cannot be searched: {exc.strerror}"
+        raise RefusedError(
+            refusals.bad_mount("fence.protect", root, root, f"cannot be searched: {exc.strerror}")
         ) from exc
     _classify(root, entries, frozenset(names), names, found, set())
     return found
@@ -173,8 +174,8 @@ def _expect_unchanged(path: str, found: Protection) -> None:
         found.audit[path] = None
         return
     except OSError as exc:
-        raise refusals.bad_mount(
-            "fence.protect", path, path, f"cannot be examined: {exc.strerror}"
+        raise RefusedError(
+            refusals.bad_mount("fence.protect", path, path, f"cannot be examined: {exc.strerror}")
         ) from exc
     if stat.S_ISLNK(st.st_mode):
         found.audit[path] = os.readlink(path)
@@ -188,13 +189,15 @@ def _walk(subject: str, root: str, limit: int) -> Iterator[tuple[str, list[os.Di
         directory = pending.pop()
         visited += 1
         if visited > limit:
-            raise refusals.too_many_directories(subject, root, root, limit)
+            raise RefusedError(refusals.too_many_directories(subject, root, root, limit))
         try:
             with os.scandir(directory) as listing:
                 entries = list(listing)
         except OSError as exc:
-            raise refusals.bad_mount(
-                "fence.protect", directory, directory, f"cannot be searched: {exc.strerror}"
+            raise RefusedError(
+                refusals.bad_mount(
+                    "fence.protect", directory, directory, f"cannot be searched: {exc.strerror}"
+                )
             ) from exc
         yield directory, entries
         pending.extend(
@@ -265,8 +268,10 @@ def _nested_git_dirs(container: str, found: Protection, seen: set[str]) -> None:
         return
     except OSError as exc:
         # Made unreadable to the server by the role itself: never a reason to protect less.
-        raise refusals.bad_mount(
-            "fence.protect", container, container, f"cannot be searched: {exc.strerror}"
+        raise RefusedError(
+            refusals.bad_mount(
+                "fence.protect", container, container, f"cannot be searched: {exc.strerror}"
+            )
         ) from exc
     for child in children:
         _git_dir(child, found, seen)

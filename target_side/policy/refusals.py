@@ -1,13 +1,15 @@
 """One constructor per refusal rule: the only place each rule's wording lives.
 
-Each returns a ``RefusedError`` for the caller to raise, so a rule reads the
-same wherever it is detected, and a grep for the rule name finds one place.
+Each returns the ``Refusal`` itself, a value: the planner raises it as a
+``RefusedError`` where it stops (``raise RefusedError(refusals.x(...))``), and
+code that only reports one (a failed launch, a file operation's answer) uses
+the value as it is. A rule reads the same wherever it is detected, and a grep
+for the rule name finds one place.
 """
 
 from __future__ import annotations
 
 from shared.wire import Refusal
-from target_side.errors import MissingPath, RefusedError
 from target_side.policy.forbidden import Collision
 
 _CONFLICT_WORDS = {
@@ -17,7 +19,7 @@ _CONFLICT_WORDS = {
 }
 
 
-def forbidden_path(subject: str, given: str, resolved: str, hit: Collision) -> RefusedError:
+def forbidden_path(subject: str, given: str, resolved: str, hit: Collision) -> Refusal:
     alias = "" if given == resolved else f" (it resolves to {resolved})"
     return _refused(
         "forbidden-path",
@@ -29,7 +31,7 @@ def forbidden_path(subject: str, given: str, resolved: str, hit: Collision) -> R
     )
 
 
-def socket_path(subject: str, given: str, resolved: str) -> RefusedError:
+def socket_path(subject: str, given: str, resolved: str) -> Refusal:
     return _refused(
         "forbidden-path",
         subject,
@@ -42,7 +44,7 @@ def socket_path(subject: str, given: str, resolved: str) -> RefusedError:
 
 def outside_workspace(
     subject: str, given: str, resolved: str, workspaces: tuple[str, ...]
-) -> RefusedError:
+) -> Refusal:
     return _refused(
         "outside-workspace",
         subject,
@@ -53,16 +55,17 @@ def outside_workspace(
     )
 
 
-def bad_mount(subject: str, given: str, resolved: str, why: str) -> RefusedError:
+def bad_mount(subject: str, given: str, resolved: str, why: str) -> Refusal:
     return _refused("bad-mount", subject, given, resolved, f"{resolved} {why}")
 
 
-def missing_path(subject: str, given: str, resolved: str, what: str = "") -> RefusedError:
-    refused = bad_mount(subject, given, resolved, f"does not exist on the target{what}")
-    return MissingPath(refused.refusal)
+def missing_path(subject: str, given: str, resolved: str, what: str = "") -> Refusal:
+    """``bad-mount``, for a path that is not there: raised as ``MissingPath`` (a file
+    operation answers it 404)."""
+    return bad_mount(subject, given, resolved, f"does not exist on the target{what}")
 
 
-def protected_path(subject: str, given: str, resolved: str | None, why: str) -> RefusedError:
+def protected_path(subject: str, given: str, resolved: str | None, why: str) -> Refusal:
     return _refused(
         "protected-path",
         subject,
@@ -74,7 +77,7 @@ def protected_path(subject: str, given: str, resolved: str | None, why: str) -> 
     )
 
 
-def protected_mount(subject: str, given: str, resolved: str, member: str) -> RefusedError:
+def protected_mount(subject: str, given: str, resolved: str, member: str) -> Refusal:
     return _refused(
         "protected-path",
         subject,
@@ -86,7 +89,7 @@ def protected_mount(subject: str, given: str, resolved: str, member: str) -> Ref
     )
 
 
-def bad_archive(member: str | None, why: str) -> RefusedError:
+def bad_archive(member: str | None, why: str) -> Refusal:
     where = f"member {member!r}" if member else "the archive"
     return _refused(
         "bad-archive",
@@ -98,7 +101,7 @@ def bad_archive(member: str | None, why: str) -> RefusedError:
     )
 
 
-def file_too_large(subject: str, given: str, size: int, limit_mb: int, role: str) -> RefusedError:
+def file_too_large(subject: str, given: str, size: int, limit_mb: int, role: str) -> Refusal:
     return _refused(
         "limit-exceeds-role",
         "limits.file_mb",
@@ -115,7 +118,7 @@ def _mib(size: int) -> str:
 
 def unreachable_for_role(
     subject: str, given: str, resolved: str, directory: str, uid: int, mode: int
-) -> RefusedError:
+) -> Refusal:
     return _refused(
         "bad-mount",
         subject,
@@ -127,7 +130,7 @@ def unreachable_for_role(
     )
 
 
-def bad_managed_entry(subject: str, given: str, why: str) -> RefusedError:
+def bad_managed_entry(subject: str, given: str, why: str) -> Refusal:
     return _refused(
         "bad-mount",
         subject,
@@ -138,7 +141,7 @@ def bad_managed_entry(subject: str, given: str, why: str) -> RefusedError:
     )
 
 
-def abnormal_destination(subject: str, given: str) -> RefusedError:
+def abnormal_destination(subject: str, given: str) -> Refusal:
     return _refused(
         "bad-mount",
         subject,
@@ -149,7 +152,7 @@ def abnormal_destination(subject: str, given: str) -> RefusedError:
     )
 
 
-def too_many_directories(subject: str, given: str, resolved: str, limit: int) -> RefusedError:
+def too_many_directories(subject: str, given: str, resolved: str, limit: int) -> Refusal:
     return _refused(
         "bad-mount",
         subject,
@@ -161,7 +164,7 @@ def too_many_directories(subject: str, given: str, resolved: str, limit: int) ->
     )
 
 
-def untrusted_path_dir(directory: str, why: str) -> RefusedError:
+def untrusted_path_dir(directory: str, why: str) -> Refusal:
     return _refused(
         "untrusted-executable",
         "fence.path",
@@ -172,7 +175,7 @@ def untrusted_path_dir(directory: str, why: str) -> RefusedError:
     )
 
 
-def not_found(name: str, where: str) -> RefusedError:
+def not_found(name: str, where: str) -> Refusal:
     return _refused(
         "not-found",
         "argv[0]",
@@ -183,11 +186,11 @@ def not_found(name: str, where: str) -> RefusedError:
     )
 
 
-def not_executable(given: str, resolved: str, why: str) -> RefusedError:
+def not_executable(given: str, resolved: str, why: str) -> Refusal:
     return _refused("not-executable", "argv[0]", given, resolved, f"{resolved} {why}")
 
 
-def untrusted_executable(given: str, resolved: str, why: str) -> RefusedError:
+def untrusted_executable(given: str, resolved: str, why: str) -> Refusal:
     return _refused(
         "untrusted-executable",
         "argv[0]",
@@ -197,7 +200,7 @@ def untrusted_executable(given: str, resolved: str, why: str) -> RefusedError:
     )
 
 
-def digest_mismatch(expected: str, actual: str) -> RefusedError:
+def digest_mismatch(expected: str, actual: str) -> Refusal:
     return _refused(
         "digest-mismatch",
         "script_sha256",
@@ -207,7 +210,7 @@ def digest_mismatch(expected: str, actual: str) -> RefusedError:
     )
 
 
-def reserved_env(name: str) -> RefusedError:
+def reserved_env(name: str) -> Refusal:
     return _refused(
         "reserved-env",
         f"env.{name}",
@@ -217,13 +220,13 @@ def reserved_env(name: str) -> RefusedError:
     )
 
 
-def invalid_env(name: str, why: str) -> RefusedError:
+def invalid_env(name: str, why: str) -> Refusal:
     return _refused(
         "invalid-env", f"env.{name}", None, None, f"environment variable {name!r} {why}"
     )
 
 
-def network_not_allowed(role: str) -> RefusedError:
+def network_not_allowed(role: str) -> Refusal:
     return _refused(
         "network-not-allowed",
         "network",
@@ -234,7 +237,7 @@ def network_not_allowed(role: str) -> RefusedError:
     )
 
 
-def limit_exceeds_role(name: str, asked: float, maximum: float) -> RefusedError:
+def limit_exceeds_role(name: str, asked: float, maximum: float) -> Refusal:
     return _refused(
         "limit-exceeds-role",
         f"limits.{name}",
@@ -245,7 +248,7 @@ def limit_exceeds_role(name: str, asked: float, maximum: float) -> RefusedError:
     )
 
 
-def limit_exceeds_session(name: str, asked: float, maximum: float) -> RefusedError:
+def limit_exceeds_session(name: str, asked: float, maximum: float) -> Refusal:
     return _refused(
         "limit-exceeds-role",
         f"limits.{name}",
@@ -256,11 +259,11 @@ def limit_exceeds_session(name: str, asked: float, maximum: float) -> RefusedErr
     )
 
 
-def identity_unavailable(role: str, detail: str) -> RefusedError:
+def identity_unavailable(role: str, detail: str) -> Refusal:
     return _refused("backend-unavailable", "role", None, None, f"role {role!r}: {detail}")
 
 
-def no_terminal(helper: str, why: str) -> RefusedError:
+def no_terminal(helper: str, why: str) -> Refusal:
     return _refused(
         "backend-unavailable",
         "tty",
@@ -271,7 +274,7 @@ def no_terminal(helper: str, why: str) -> RefusedError:
     )
 
 
-def no_session_host(program: str, why: str) -> RefusedError:
+def no_session_host(program: str, why: str) -> Refusal:
     return _refused(
         "backend-unavailable",
         "session",
@@ -283,13 +286,13 @@ def no_session_host(program: str, why: str) -> RefusedError:
     )
 
 
-def backend_unavailable(detail: str) -> RefusedError:
+def backend_unavailable(detail: str) -> Refusal:
     return _refused("backend-unavailable", "fence", None, None, detail)
 
 
 def path_changed(
     subject: str, given: str | None, resolved: str | None, seen: str | None = None
-) -> RefusedError:
+) -> Refusal:
     what = resolved or "a mounted path"
     how = seen or "a component became a symlink or was replaced"
     return _refused(
@@ -302,15 +305,14 @@ def path_changed(
     )
 
 
-def stale_lease(subject: str, detail: str) -> RefusedError:
+def stale_lease(subject: str, detail: str) -> Refusal:
     """The lease named is not its seat's current, held generation (or none was named)."""
     return _refused("stale-lease", subject, None, None, detail)
 
 
 def _refused(
     rule: str, subject: str, path: str | None, resolved: str | None, detail: str
-) -> RefusedError:
-    refusal = Refusal.model_validate(
+) -> Refusal:
+    return Refusal.model_validate(
         {"rule": rule, "subject": subject, "path": path, "resolved": resolved, "detail": detail}
     )
-    return RefusedError(refusal)

@@ -51,12 +51,12 @@ def plan_session(
         plan = plan_turn(fence_request, settings, session_id, etc_dir=etc_dir)
     except RefusedError as exc:
         if exc.refusal.subject == "argv[0]":
-            raise refusals.no_session_host(HOST_PROGRAM, exc.refusal.detail) from exc
+            raise RefusedError(refusals.no_session_host(HOST_PROGRAM, exc.refusal.detail)) from exc
         raise
     try:
         shell, _ = resolve_executable(SHELL, plan.env["PATH"], plan.cwd, plan.mounts, plan.uid)
     except RefusedError as exc:
-        raise refusals.no_session_host(SHELL, exc.refusal.detail) from exc
+        raise RefusedError(refusals.no_session_host(SHELL, exc.refusal.detail)) from exc
     times = SessionTimes(
         session_s=session_s,
         session_idle_s=idle_s,
@@ -77,5 +77,5 @@ def plan_session(
 
 def _within(name: str, asked: float | None, most: float) -> float:
     if asked is not None and asked > most:
-        raise refusals.limit_exceeds_role(name, asked, most)
+        raise RefusedError(refusals.limit_exceeds_role(name, asked, most))
     return most if asked is None else asked

@@ -509,10 +509,12 @@ class FileService:
         facts: dict[str, Any] = {"op_id": op_id, "role": role, "op": op, "path": path}
         try:
             if who.unnamed:
-                raise refusals.stale_lease(
-                    who.unnamed[0],
-                    "a lease is named by lease_id, lease_seat and lease_generation together; "
-                    f"{', '.join(who.unnamed)} missing",
+                raise RefusedError(
+                    refusals.stale_lease(
+                        who.unnamed[0],
+                        "a lease is named by lease_id, lease_seat and lease_generation together; "
+                        f"{', '.join(who.unnamed)} missing",
+                    )
                 )
             self.manager.leases.admit(role, who.lease)
             plan = await asyncio.to_thread(
@@ -547,7 +549,9 @@ class FileService:
         try:
             etc = str(self.manager.etc.current())
         except OSError as exc:
-            raise refusals.backend_unavailable(f"could not copy the fence's /etc: {exc}") from exc
+            raise RefusedError(
+                refusals.backend_unavailable(f"could not copy the fence's /etc: {exc}")
+            ) from exc
         return plan_file(
             op, role, path, self.manager.settings, op_id, HELPER, etc_dir=etc, **options
         )
@@ -634,8 +638,8 @@ class FileService:
                 )
             if rule == "protected-path" and isinstance(member, str):
                 where = os.path.join(run.plan.resolved, member)
-                return refused_error(refusals.protected_path("archive", member, where, why).refusal)
-            return refused_error(refusals.bad_archive(_text(member), why).refusal)
+                return refused_error(refusals.protected_path("archive", member, where, why))
+            return refused_error(refusals.bad_archive(_text(member), why))
         if event == "error":
             code = str(report.get("errno") or "EIO")
             run.facts["errno"] = code
@@ -651,9 +655,9 @@ class FileService:
     def too_large(self, run: HelperRun, size: int, *, status: int) -> FileOpFailed:
         limits = self.manager.settings.roles[run.role].limits
         what = "the body" if run.plan.op in ("write", "archive-write") else "what it names"
-        refused = refusals.file_too_large(what, run.plan.path, size, limits.file_mb, run.role)
-        run.facts["rule"] = refused.refusal.rule
-        return refused_error(refused.refusal, status=status)
+        refusal = refusals.file_too_large(what, run.plan.path, size, limits.file_mb, run.role)
+        run.facts["rule"] = refusal.rule
+        return refused_error(refusal, status=status)
 
 
 def refused_error(refusal: Refusal, *, missing: bool = False, status: int = 403) -> FileOpFailed:

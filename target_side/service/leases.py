@@ -50,6 +50,7 @@ from shared.wire import Lease, LeaseRef, LeaseState
 from target_side.config import Settings
 from target_side.errors import (
     LeaseEnded,
+    RefusedError,
     SeatHeld,
     StorageError,
     TargetUnavailable,
@@ -218,41 +219,51 @@ class LeaseBook:
         config = self._settings.roles.get(role)
         if lease is None:
             if config is not None and config.require_lease:
-                raise refusals.stale_lease(
-                    "lease",
-                    f"role {role!r} acts only under a lease ([roles.{role}] require_lease); "
-                    "take one (POST /v1/leases; paddock lease take) and name it "
-                    "(paddock run --lease ID)",
+                raise RefusedError(
+                    refusals.stale_lease(
+                        "lease",
+                        f"role {role!r} acts only under a lease ([roles.{role}] require_lease); "
+                        "take one (POST /v1/leases; paddock lease take) and name it "
+                        "(paddock run --lease ID)",
+                    )
                 )
             return
         key = self._by_id.get(lease.lease_id)
         seat = self._seats.get(key) if key is not None else None
         grant = seat.grant(lease.lease_id) if seat is not None else None
         if seat is None or grant is None or seat.role != role:
-            raise refusals.stale_lease(
-                "lease.lease_id",
-                f"no lease {lease.lease_id} of role {role!r} on this target (never granted "
-                "here, or released); take one (paddock lease take) and name it",
+            raise RefusedError(
+                refusals.stale_lease(
+                    "lease.lease_id",
+                    f"no lease {lease.lease_id} of role {role!r} on this target (never granted "
+                    "here, or released); take one (paddock lease take) and name it",
+                )
             )
         if lease.seat != seat.name:
-            raise refusals.stale_lease(
-                "lease.seat",
-                f"lease {lease.lease_id} is on seat {seat.name!r}, not {lease.seat!r}; "
-                "name the lease as it was granted",
+            raise RefusedError(
+                refusals.stale_lease(
+                    "lease.seat",
+                    f"lease {lease.lease_id} is on seat {seat.name!r}, not {lease.seat!r}; "
+                    "name the lease as it was granted",
+                )
             )
         if not lease.generation == grant.generation == seat.generation:
-            raise refusals.stale_lease(
-                "lease.generation",
-                f"generation {lease.generation} of seat {seat.name!r} is no longer current: "
-                f"the seat is at generation {seat.generation}, taken over by a newer holder; "
-                "stop acting for this seat, or take it back (supersede)",
+            raise RefusedError(
+                refusals.stale_lease(
+                    "lease.generation",
+                    f"generation {lease.generation} of seat {seat.name!r} is no longer current: "
+                    f"the seat is at generation {seat.generation}, taken over by a newer holder; "
+                    "stop acting for this seat, or take it back (supersede)",
+                )
             )
         if grant.lapsed or grant.expires_at <= self._clock():
-            raise refusals.stale_lease(
-                "lease",
-                f"lease {lease.lease_id} on seat {seat.name!r} lapsed at "
-                f"{_iso(grant.expires_at)}; take the seat again, and renew a lease before its "
-                "ttl_s passes",
+            raise RefusedError(
+                refusals.stale_lease(
+                    "lease",
+                    f"lease {lease.lease_id} on seat {seat.name!r} lapsed at "
+                    f"{_iso(grant.expires_at)}; take the seat again, and renew a lease before its "
+                    "ttl_s passes",
+                )
             )
 
     # --- take, renew, release, look -------------------------------------------------------------

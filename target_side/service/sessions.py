@@ -214,7 +214,7 @@ class SessionManager:
         except Exception:
             log.exception("session %s: the target failed to start it", session_id)
             why = "the target failed to start the session; the target's log says why"
-            await self._refused(record, refusals.backend_unavailable(why).refusal, request)
+            await self._refused(record, refusals.backend_unavailable(why), request)
         return record.session
 
     async def end(self, record: SessionRecord) -> Session:
@@ -265,7 +265,9 @@ class SessionManager:
         try:
             etc = str(self.turns.etc.current())
         except OSError as exc:
-            raise refusals.backend_unavailable(f"could not copy the fence's /etc: {exc}") from exc
+            raise RefusedError(
+                refusals.backend_unavailable(f"could not copy the fence's /etc: {exc}")
+            ) from exc
         return plan_session(request, self.turns.settings, session_id, etc_dir=etc)
 
     async def _launch(self, record: SessionRecord, plan: SessionPlan) -> None:
@@ -273,13 +275,13 @@ class SessionManager:
         try:
             bwrap = self.turns.bwrap()
         except BackendError as exc:
-            raise refusals.backend_unavailable(str(exc)) from exc
+            raise RefusedError(refusals.backend_unavailable(str(exc))) from exc
         try:
             repaired = await self.turns.identity.prepare_home(
                 self.turns.settings.state_root, fence_plan.role, (fence_plan.uid, fence_plan.gid)
             )
         except TargetError as exc:
-            raise refusals.backend_unavailable(str(exc)) from exc
+            raise RefusedError(refusals.backend_unavailable(str(exc))) from exc
         if repaired is not None:
             record.notices.append(repaired)
         launched = await launch_turn(
@@ -381,8 +383,7 @@ class SessionManager:
             refusal = outcome.refusal if outcome is not None else None
             if refusal is None:
                 why = fence.last_words or "it ended before it was ready"
-                failed = refusals.no_session_host("python3", f"the session host failed: {why}")
-                refusal = failed.refusal
+                refusal = refusals.no_session_host("python3", f"the session host failed: {why}")
             await self._refused(record, refusal, None)
             return
         record.update(
@@ -526,7 +527,7 @@ def _source(request: TurnRequest) -> str:
     if request.script is not None:
         actual = hashlib.sha256(request.script.encode()).hexdigest()
         if actual != request.script_sha256:
-            raise refusals.digest_mismatch(str(request.script_sha256), actual)
+            raise RefusedError(refusals.digest_mismatch(str(request.script_sha256), actual))
         return request.script
     return shlex.join(request.argv or []) + "\n"
 
@@ -534,7 +535,7 @@ def _source(request: TurnRequest) -> str:
 def _within(name: str, asked: float | None, most: float) -> float:
     # A turn may ask the session for less time or output, never more.
     if asked is not None and asked > most:
-        raise refusals.limit_exceeds_session(name, asked, most)
+        raise RefusedError(refusals.limit_exceeds_session(name, asked, most))
     return most if asked is None else asked
 
 

@@ -521,7 +521,7 @@ class TurnManager:
         try:
             bwrap = self.bwrap()
         except BackendError as exc:
-            raise refusals.backend_unavailable(str(exc)) from exc
+            raise RefusedError(refusals.backend_unavailable(str(exc))) from exc
         await self._prepare_home(record, plan)
         running = await self._spawn(bwrap, plan, record.spool)
         record.running = running
@@ -540,7 +540,7 @@ class TurnManager:
                 self.settings.state_root, plan.role, (plan.uid, plan.gid)
             )
         except TargetError as exc:
-            raise refusals.backend_unavailable(str(exc)) from exc
+            raise RefusedError(refusals.backend_unavailable(str(exc))) from exc
         if repaired is not None:
             record.spool.append_kept("notice", message=repaired)
 
@@ -766,7 +766,9 @@ class TurnManager:
         try:
             etc = str(self.etc.current())
         except OSError as exc:
-            raise refusals.backend_unavailable(f"could not copy the fence's /etc: {exc}") from exc
+            raise RefusedError(
+                refusals.backend_unavailable(f"could not copy the fence's /etc: {exc}")
+            ) from exc
         return plan_turn(request, self.settings, turn_id, etc_dir=etc)
 
     def dry_run(self, request: TurnRequest) -> PlanResult:
@@ -841,6 +843,11 @@ class TurnManager:
             and expired(r.turn, moment, retention)
         ]
         for record in gone:
+            if record.saving is not None:
+                # Its record may still be on its way to disk: that write would make the
+                # turn's directory again after its removal.
+                with contextlib.suppress(Exception):
+                    await record.saving
             del self._turns[record.turn.turn_id]
             if record.stored.idempotency:
                 self._idempotency.pop(record.stored.idempotency, None)
