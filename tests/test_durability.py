@@ -350,6 +350,9 @@ def test_kill_9_of_the_target_loses_the_turn_but_not_its_output(
                 json={"role": "builder", "argv": ["sh", "-c", f"echo before; sleep {marker}"]},
             ).json()
             assert wait_until(lambda: bool(processes_with("sleep", marker)))
+            # What the target had spooled survives it: wait until "before" is on disk.
+            spool = state / "turns" / turn["turn_id"] / "events.frames"
+            assert wait_until(lambda: spool.exists() and b"before" in spool.read_bytes())
             server.send_signal(signal.SIGKILL)
             server.wait(timeout=10)
             # bwrap dies with its parent, and the kernel takes the pid namespace with it.
