@@ -555,7 +555,7 @@ class AsyncTarget:
         import asyncio
 
         target = self.target
-        submission = _Submission()
+        submission = Submission()
         work = self._pool.submit(
             target.run_request, request, on_event=on_event, on_submitted=submission.submitted
         )
@@ -563,7 +563,7 @@ class AsyncTarget:
         try:
             return await asyncio.wrap_future(work)
         except asyncio.CancelledError:
-            await asyncio.shield(self._call(_kill_once_submitted, target, submission))
+            await asyncio.shield(self._call(submission.kill, target))
             raise
 
     async def read_file(self, path: str, *, role: str | None = None) -> bytes:
@@ -655,7 +655,7 @@ class AsyncTarget:
         return await loop.run_in_executor(self._pool, functools.partial(function, *args))
 
 
-class _Submission:
+class Submission:
     """The turn id of a run on a worker thread, once its submission has returned."""
 
     def __init__(self) -> None:
@@ -670,18 +670,14 @@ class _Submission:
         """The run ended, submitted or not: nobody needs to wait any longer."""
         self._settled.set()
 
-    def wait(self, timeout: float) -> str | None:
-        self._settled.wait(timeout)
-        return self.turn_id
-
-
-def _kill_once_submitted(target: Target, submission: _Submission) -> None:
-    # A cancel can come while the submission is still in flight (the turn may
-    # already run): wait for its answer, which the HTTP timeouts bound.
-    turn_id = submission.wait(CANCEL_WAIT_S)
-    if turn_id is not None:
-        with contextlib.suppress(AgentError, RuntimeError):
-            target.client.signal(turn_id, "KILL")
+    def kill(self, target: Target) -> None:
+        """KILL the run's turn (blocking). A cancel can come while the submission is still in
+        flight, the turn perhaps already running: its answer, which the HTTP timeouts bound,
+        says what to kill."""
+        self._settled.wait(CANCEL_WAIT_S)
+        if self.turn_id is not None:
+            with contextlib.suppress(AgentError, RuntimeError):
+                target.client.signal(self.turn_id, "KILL")
 
 
 class _Collector:

@@ -30,7 +30,6 @@ import functools
 import os
 import signal
 import sys
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Annotated, Literal, TypeVar
 
@@ -39,7 +38,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, Field
 
-from agent_side.api import RunResult, Target
+from agent_side.api import RunResult, Submission, Target
 from agent_side.connection import opened_target, refuse_with_local, resolve_connection
 from agent_side.errors import AgentError, FileRefused, SessionRefused
 from agent_side.leases import stored_ref
@@ -204,7 +203,7 @@ class Remote:
         """Run the turn ``request(role)`` builds; cancelling the call kills the turn."""
         target = await self.target()
         turn = request(await anyio.to_thread.run_sync(lambda: target.role))
-        submission = _Submission()
+        submission = Submission()
 
         def wait() -> RunResult:
             try:
@@ -253,30 +252,6 @@ class Remote:
         except AgentError as exc:
             say(f"could not end session {session_id}: {exc.label}: {exc}")
         self.ended(session_id)
-
-
-class _Submission:
-    """The id of a turn being submitted on a worker thread, once the target has answered."""
-
-    def __init__(self) -> None:
-        self._settled = threading.Event()
-        self.turn_id: str | None = None
-
-    def submitted(self, turn_id: str) -> None:
-        self.turn_id = turn_id
-        self._settled.set()
-
-    def settle(self) -> None:
-        """The run is over, submitted or not: nobody need wait for an id any longer."""
-        self._settled.set()
-
-    def kill(self, target: Target) -> None:
-        # A cancel can come while the submission is in flight, the turn perhaps already
-        # running: wait for the answer (the HTTP timeouts bound it) to know what to kill.
-        self._settled.wait(KILL_WAIT_S)
-        if self.turn_id is not None:
-            with contextlib.suppress(AgentError):
-                target.client.signal(self.turn_id, "KILL")
 
 
 @contextlib.contextmanager
