@@ -352,8 +352,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "turns-admitted-on-a-full-disk",
         "target_side/service/turns.py",
-        "        if self._disk_failure is not None:\n            raise self._disk_unavailable()",
-        "        if False:\n            raise self._disk_unavailable()",
+        "        if self._disk_failure is not None or self._disk_low is not None:",
+        "        if False:",
         ("tests/test_disk_full.py -k refuses_new_ones",),
     ),
     Mutation(
