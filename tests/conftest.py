@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
-import signal
 import ssl
 import time
 import uuid
@@ -18,6 +16,8 @@ import pytest
 import trustme
 from scripted_server import Scripted, serving
 
+from bench.common import mux_pids
+from bench.common import stop_muxes as stop_mux_daemons
 from shared.walk import canonical_path
 from shared.wire import EVENTS, Event, Turn, TurnRequest
 from target_side.config import RoleConfig, RoleLimits, ServerConfig, Settings
@@ -221,30 +221,12 @@ def stop_session_muxes() -> None:
 
 def mux_daemons(runtime: Path) -> list[int]:
     """Pids of the live ``paddock mux serve`` processes whose sockets are under ``runtime``."""
-    wanted = f"{runtime}/paddock-mux".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            state = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[0]
-        except (OSError, IndexError):
-            continue
-        if b"serve" in cmdline and wanted in cmdline and state != "Z":
-            found.append(int(entry))
-    return sorted(found)
+    return sorted(mux_pids(runtime))
 
 
 def stop_muxes(runtime: Path) -> None:
     """SIGTERM every multiplexer under ``runtime`` and wait until they are gone."""
-    for pid in mux_daemons(runtime):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    if not wait_until(lambda: not mux_daemons(runtime), timeout=15):
-        for pid in mux_daemons(runtime):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+    stop_mux_daemons(runtime, timeout=15.0)
 
 
 @pytest.fixture
