@@ -39,6 +39,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_fence.py -k forbidden_path or parent or symlink or state_root or sibling",),
     ),
     Mutation(
+        "host-pid-namespace-signalled",
+        "target_side/fence/pidns.py",
+        "if pid_ns is None or pid_ns == pid_namespace(os.getpid()):",
+        "if pid_ns is None:",
+        ("tests/test_pidns.py::test_the_servers_own_pid_namespace_is_never_signalled_as_a_fence",),
+    ),
+    Mutation(
         "parent-conflict-dropped",
         "shared/walk.py",
         "    if is_within(forbidden, mount):\n        return Conflict.PARENT",

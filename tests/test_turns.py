@@ -136,7 +136,8 @@ def test_events_heartbeat_and_wait_bound_silence(client: httpx.Client) -> None:
     assert ": ping" in lines
     assert not any(line.startswith("event: exit") for line in lines)
     client.post(f"/v1/turns/{turn.turn_id}/signal", json={"signal": "KILL"})
-    assert finished(client, turn.turn_id).exit_code == 137
+    done = finished(client, turn.turn_id)
+    assert done.exit_code == 137, done.refusal
 
 
 def test_stdin_closed_by_default(client: httpx.Client) -> None:

@@ -17,8 +17,10 @@ def signal_namespace(pid_ns: int | None, reaper: int | None, signum: int) -> int
 
     Returns how many were signalled. Reading another uid's ``/proc/PID/ns/pid``
     takes ptrace access: root, or the uid that owns the fence's user namespace.
+    The caller's own namespace is never a fence's: signalling it would reach
+    every process on the host, the server included, so it signals nothing.
     """
-    if pid_ns is None:
+    if pid_ns is None or pid_ns == pid_namespace(os.getpid()):
         return 0
     count = 0
     for entry in os.listdir("/proc"):
