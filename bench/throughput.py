@@ -34,6 +34,9 @@ from shared.wire import ExitEvent, OutputEvent, TurnRequest
 
 READ_CHUNK = 64 * 1024
 PRINTABLE_LINE = "abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+NOT_UTF8_LINE = "".join(f"\\{byte:03o}" for byte in range(0x80, 0x100))
+"""Bytes 0x80..0xFF as printf escapes: no run of them is UTF-8, and ``yes`` repeats them as
+cheaply as the text line (``/dev/urandom`` costs the kernel more than the stream itself)."""
 
 RANDOM_DIVISOR = 4
 """The CLI and SSH-window rows move N / RANDOM_DIVISOR bytes (they are many, and slower)."""
@@ -59,8 +62,17 @@ class Row:
 def run(size: int, label: str = "") -> str:
     """Measure every row and return the section's table; ``label`` names the size in the title."""
     zero = ["head", "-c", str(size), "/dev/zero"]
+    urandom = ["head", "-c", str(size), "/dev/urandom"]
     pipe = _best(3, lambda: _read_all(zero, size))
-    rows = [Row("pipe: head /dev/zero, read by python", size, pipe)]
+    rows = [
+        Row("pipe: head /dev/zero, read by python", size, pipe),
+        Row(
+            "pipe: head /dev/urandom, read by python",
+            size,
+            _best(3, lambda: _read_all(urandom, size)),
+            "the kernel's random generator alone: the urandom row's ceiling",
+        ),
+    ]
     with target_process() as target:
         paddock = _paddock_rows(target, size)
         ssh = _ssh_rows(target, size)
@@ -84,10 +96,18 @@ def _paddock_rows(target: TargetInfo, size: int) -> list[Row]:
             "printable UTF-8, HTTPS",
         ),
         Row(
+            "paddock client: yes 0x80..0xFF | head",
+            size,
+            _turn(
+                target, ["sh", "-c", f"yes \"$(printf '{NOT_UTF8_LINE}')\" | head -c {size}"], size
+            ),
+            "not UTF-8, made as cheaply as the text: frames carry the bytes as they are",
+        ),
+        Row(
             "paddock client: head /dev/urandom",
             size,
             _turn(target, ["head", "-c", str(size), "/dev/urandom"], size),
-            "not UTF-8: frames carry the bytes as they are",
+            "not UTF-8, bounded by the generator (pipe row above)",
         ),
         Row(
             "paddock run CLI --no-mux: yes | head",
