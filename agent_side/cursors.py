@@ -17,7 +17,9 @@ SIGKILL therefore loses at most ``interval_s`` of *recorded* progress: the next
 process may show those last events again, and never skips one.
 
 Cursors older than ``MAX_AGE_S``, and beyond ``MAX_PER_TARGET`` per target, are
-pruned when a cursor is opened for writing.
+pruned when a cursor is opened for writing, at most once per ``PRUNE_EVERY_S``
+(``cursors/.pruned`` says when): the sweep reads every cursor of every target,
+which a turn that takes milliseconds should not pay for each time.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ INTERVAL_S = 0.2
 """At most this long between a delivery and its record on disk, while the process lives."""
 MAX_AGE_S = 30 * 24 * 3600.0
 MAX_PER_TARGET = 1000
+PRUNE_EVERY_S = 3600.0
+PRUNED_MARK = ".pruned"
 _TURN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 
 
@@ -108,7 +112,7 @@ class CursorStore:
         """A cursor for ``turn_id`` whose events up to ``start`` were delivered already."""
         path = self.path(turn_id)
         private_dir(private_dir(private_dir(self.root) / "cursors") / self.key)
-        prune(self.root / "cursors", keep=path)
+        prune_when_due(self.root / "cursors", keep=path)
         return Cursor(path, turn_id, self.url, start)
 
 
@@ -186,6 +190,19 @@ class Cursor:
             return
         self._written = seq
         self.writes += 1
+
+
+def prune_when_due(cursors: Path, keep: Path) -> None:
+    """``prune`` if the last sweep is ``PRUNE_EVERY_S`` old (or was never made)."""
+    mark = cursors / PRUNED_MARK
+    with contextlib.suppress(OSError):
+        if time.time() - mark.stat().st_mtime < PRUNE_EVERY_S:
+            return
+    with contextlib.suppress(OSError):
+        # Marked first: processes opening cursors meanwhile skip the sweep this one makes.
+        mark.touch(mode=0o600)
+        os.utime(mark)
+    prune(cursors, keep)
 
 
 def prune(cursors: Path, keep: Path, now: float | None = None) -> None:

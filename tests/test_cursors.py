@@ -25,7 +25,15 @@ import pytest
 from conftest import BUILDER_TOKEN, Target, events, submit, wait_until
 
 from agent_side import Target as ApiTarget
-from agent_side.cursors import MAX_AGE_S, Cursor, CursorStore, prune, target_key
+from agent_side.cursors import (
+    MAX_AGE_S,
+    PRUNE_EVERY_S,
+    PRUNED_MARK,
+    Cursor,
+    CursorStore,
+    prune,
+    target_key,
+)
 from agent_side.errors import UsageError
 from shared.wire import Event
 
@@ -123,6 +131,29 @@ def test_cursors_are_pruned_by_age_but_never_the_one_in_use(tmp_path: Path) -> N
     assert not other.directory.exists()  # emptied, then removed
     prune(store.root / "cursors", keep=store.path("t-new"))
     assert not store.path("t-old").exists() and store.path("t-new").exists()
+
+
+def test_opening_cursors_sweeps_old_ones_at_most_once_per_period(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    with store.open("t-first") as cursor:
+        cursor.delivered(1)
+    other = CursorStore(store.root, "url.other", "u")
+    other.directory.mkdir(parents=True)
+    stale = other.path("t-stale")
+    stale.write_text("{}")
+    old = time.time() - MAX_AGE_S - 60
+    os.utime(stale, (old, old))
+    # Swept moments ago (by the first open): the next open does not read every cursor again.
+    with store.open("t-second") as cursor:
+        cursor.delivered(1)
+    assert stale.exists()
+    mark = store.root / "cursors" / PRUNED_MARK
+    swept = time.time() - PRUNE_EVERY_S - 1
+    os.utime(mark, (swept, swept))
+    with store.open("t-third") as cursor:
+        cursor.delivered(1)
+    assert not stale.exists()
+    assert time.time() - mark.stat().st_mtime < 60
 
 
 # --- a real target ---------------------------------------------------------------------------
