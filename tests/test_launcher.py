@@ -85,6 +85,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _private_pool() -> str:
+    """An id pool no other test's target uses: the default pool gives every target's
+    ``builder`` the same uid, and tearing a host down kills every process of its roles' uids."""
+    return f"{1_000_000_000 + secrets.randbelow(10_000) * 65536}:65536"
+
+
 @dataclass
 class Host:
     """A root launcher and an unprivileged server sharing one config, on this machine."""
@@ -92,6 +98,7 @@ class Host:
     base: Path
     user: str
     port: int = field(default_factory=_free_port)
+    id_pool: str = field(default_factory=_private_pool)
     launcher: subprocess.Popen[bytes] | None = None
     server: subprocess.Popen[bytes] | None = None
     cgroup: Path | None = None
@@ -126,6 +133,7 @@ class Host:
         extra = "".join(f"{k} = {v}\n" for k, v in builder.items())
         text = (
             f'[server]\nlisten = "127.0.0.1:{self.port}"\nstate_root = "{self.state}"\n'
+            f'id_pool = "{self.id_pool}"\n'
             f'[fence]\nlauncher = "{self.socket}"\n'
             f'[roles.builder]\ntoken_sha256 = "{sha(BUILDER_TOKEN)}"\n'
             f'workspaces = ["{self.workspace()}"]\n{extra}'
