@@ -18,8 +18,10 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    SerializerFunctionWrapHandler,
     TypeAdapter,
     field_validator,
+    model_serializer,
     model_validator,
 )
 from pydantic.config import JsonDict
@@ -554,15 +556,44 @@ class OutputEvent(_EventBase):
     @classmethod
     def of_bytes(cls, seq: int, at: datetime, kind: str, data: bytes) -> OutputEvent:
         """The event for ``data`` as it came (a frame): text if UTF-8, else base64, and its
-        bytes kept, so a reader writing them out never encodes them back (``output``)."""
-        fields: dict[str, Any]
+        bytes kept, so a reader writing them out never encodes them back (``output``).
+
+        The base64 of bytes that are not UTF-8 is made only when something reads
+        ``data_b64`` (or serialises the event): a reader of ``output`` never pays
+        for it, which was a third of a binary stream's cost.
+        """
         try:
-            fields = {"data": data.decode()}
+            text = data.decode()
         except UnicodeDecodeError:
-            fields = {"data_b64": base64.b64encode(data).decode()}
-        event = cls.model_construct(seq=seq, at=at, kind=kind, **fields)
+            event = cls.model_construct(seq=seq, at=at, kind=kind)
+            del event.__dict__["data_b64"]  # made from _bytes on first read (__getattr__)
+        else:
+            event = cls.model_construct(seq=seq, at=at, kind=kind, data=text)
         event._bytes = data
         return event
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "data_b64":
+            encoded = base64.b64encode(self._bytes or b"").decode()
+            self.__dict__["data_b64"] = encoded
+            return encoded
+        return super().__getattr__(name)  # type: ignore[misc]
+
+    @model_serializer(mode="wrap")
+    def _with_payload(self, handler: SerializerFunctionWrapHandler) -> Any:
+        _ = self.data_b64  # a payload not made yet is made before the event is written out
+        return handler(self)
+
+    def __repr_args__(self) -> Any:
+        _ = self.data_b64
+        return super().__repr_args__()
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, OutputEvent):
+            _ = self.data_b64, other.data_b64
+        return super().__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]  # as BaseModel's: events are mutable
 
     @property
     def output(self) -> bytes | None:

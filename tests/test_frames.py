@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -189,3 +191,16 @@ async def test_a_running_turns_tail_is_served_from_memory_as_the_file_has_it(
         assert served == b"".join(on_disk[after:]), after
         lines = await spool.raw_after(after)
         assert [seq for seq, _, _ in lines] == list(range(after + 1, min(after + 256, 41) + 1))
+
+
+def test_a_binary_frame_is_base64_only_for_whoever_asks_for_it() -> None:
+    raw = bytes(range(0x80, 0x100))
+    event = OutputEvent.of_bytes(4, datetime.now(UTC), "stdout", raw)
+    assert output_bytes(event) == raw
+    # Writing the bytes out never encoded them.
+    assert "data_b64" not in event.__dict__
+    as_json = json.loads(event.model_dump_json())
+    assert base64.b64decode(as_json["data_b64"]) == raw and as_json["data"] is None
+    assert EVENTS.validate_json(event.model_dump_json()).data_b64 == event.data_b64
+    text = OutputEvent.of_bytes(5, datetime.now(UTC), "stdout", "é\n".encode())
+    assert (text.data, text.data_b64, output_bytes(text)) == ("é\n", None, "é\n".encode())
