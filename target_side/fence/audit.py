@@ -24,21 +24,34 @@ QUARANTINE_SUFFIX = ".paddock-quarantined-"
 
 def enforce(expected: Mapping[str, str | None], turn_id: str) -> list[str]:
     """Move aside each path not as ``expected`` says; returns one sentence per move."""
-    moved = []
+    by_parent: dict[str, list[tuple[str, str | None]]] = {}
     for path, link in expected.items():
-        said = _check(path, link, turn_id)
-        if said is not None:
+        parent_path, name = posixpath.split(path)
+        by_parent.setdefault(parent_path, []).append((name, link))
+    moved = []
+    for parent_path, entries in by_parent.items():
+        for said in _check_in(parent_path, entries, turn_id):
             log.warning("turn %s: %s", turn_id, said)
             moved.append(said)
     return moved
 
 
-def _check(path: str, link: str | None, turn_id: str) -> str | None:
-    parent_path, name = posixpath.split(path)
+def _check_in(parent_path: str, entries: list[tuple[str, str | None]], turn_id: str) -> list[str]:
+    """The entries of one directory, opened once: nothing of the turn is left to change it."""
     try:
         parent = open_no_follow(parent_path)
     except (PathChanged, OSError):
-        return None  # its directory is gone or was replaced: nothing there can be read
+        return []  # the directory is gone or was replaced: nothing there can be read
+    try:
+        found = (_check(parent, parent_path, name, link, turn_id) for name, link in entries)
+        return [said for said in found if said is not None]
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(parent)
+
+
+def _check(parent: int, parent_path: str, name: str, link: str | None, turn_id: str) -> str | None:
+    path = posixpath.join(parent_path, name)
     try:
         try:
             st = os.stat(name, dir_fd=parent, follow_symlinks=False)
@@ -55,9 +68,6 @@ def _check(path: str, link: str | None, turn_id: str) -> str | None:
         )
     except OSError as exc:
         return f"{path} is not as planned and could not be moved aside: {exc.strerror}"
-    finally:
-        with contextlib.suppress(OSError):
-            os.close(parent)
 
 
 def _same_link(parent: int, name: str, target: str) -> bool:

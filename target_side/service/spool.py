@@ -220,9 +220,10 @@ class EventSpool:
                 self._close_file()
         self._wake()
         if self.finished:
-            # Ended: who reads it now reads the file; no memory is kept for it.
-            self._tail.clear()
-            self._tail_bytes = 0
+            # Ended: who reads it now reads the file, but for the last record, which the
+            # followers waiting live for the end take from memory (no read of the file).
+            while len(self._tail) > 1:
+                self._tail_bytes -= len(self._tail.popleft())
 
     def sync(self) -> bool:
         """Put what was appended on the disk (blocking: the ledger runs it before a turn's end).
