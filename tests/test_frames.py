@@ -204,3 +204,9 @@ def test_a_binary_frame_is_base64_only_for_whoever_asks_for_it() -> None:
     assert EVENTS.validate_json(event.model_dump_json()).data_b64 == event.data_b64
     text = OutputEvent.of_bytes(5, datetime.now(UTC), "stdout", "é\n".encode())
     assert (text.data, text.data_b64, output_bytes(text)) == ("é\n", None, "é\n".encode())
+
+
+def test_the_lazy_payload_leaves_the_events_published_schema_as_it_was() -> None:
+    for mode in ("validation", "serialization"):
+        schema = OutputEvent.model_json_schema(mode=mode)
+        assert {"data", "data_b64"} <= set(schema["properties"]), mode
