@@ -9,13 +9,13 @@ and any passphrase are no part of a route: they are handed over per request.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agent_side.defaults import REMOTE_CA
 from agent_side.errors import UsageError
+from agent_side.sha256 import sha256_hex
 
 if TYPE_CHECKING:
     from agent_side.api import Target
@@ -141,7 +141,7 @@ def _file_sha256(path: str | None) -> str | None:
         return None
     try:
         with open(path, "rb") as source:
-            return hashlib.sha256(source.read()).hexdigest()
+            return sha256_hex(source.read())
     except OSError:
         # Opening it will fail with the reason; the name only has to be stable.
         return "unreadable"

@@ -20,13 +20,16 @@ REPO = Path(__file__).resolve().parent.parent
 HEAVY = ("httpx", "pydantic", "shared.wire", "paramiko", "asyncio", "cryptography", "mcp")
 
 
-def loaded_by(argv: list[str], env: dict[str, str] | None = None) -> tuple[int, list[str]]:
-    """``cli.main(argv)`` in a fresh interpreter: its status, and the HEAVY modules it loaded."""
+def loaded_by(
+    argv: list[str], env: dict[str, str] | None = None, watch: tuple[str, ...] = HEAVY
+) -> tuple[int, list[str]]:
+    """``cli.main(argv)`` in a fresh interpreter: its status, and the ``watch`` modules it
+    loaded."""
     probe = (
         "import json, sys\n"
         "from agent_side import cli\n"
         f"status = cli.main({argv!r})\n"
-        f"heavy = [m for m in {HEAVY!r} if m in sys.modules]\n"
+        f"heavy = [m for m in {watch!r} if m in sys.modules]\n"
         "print(json.dumps([status, heavy]), file=sys.stderr)\n"
     )
     base = {k: v for k, v in os.environ.items() if not k.startswith("PADDOCK_")}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -434,6 +435,15 @@ def test_mux_run_loads_nothing_heavy(mux: Mux) -> None:
     mux.warm()
     status, heavy = loaded_by(["run", "--no-stdin", "--", "echo", "light"], mux.env())
     assert (status, heavy) == (0, [])
+
+
+def test_mux_run_names_its_daemon_without_loading_openssl(mux: Mux) -> None:
+    # hashlib loads OpenSSL's library (~3.5 ms a command); CPython's own SHA-256 does not.
+    builtin = importlib.util.find_spec("_sha2") or importlib.util.find_spec("_sha256")
+    assert builtin is not None, "this interpreter has no built-in SHA-256 to compare with"
+    mux.warm()
+    status, loaded = loaded_by(["run", "--no-stdin", "--", "true"], mux.env(), ("_hashlib",))
+    assert (status, loaded) == (0, [])
 
 
 def test_mux_keeps_the_token_out_of_its_command_line_environment_and_log(mux: Mux) -> None:

@@ -148,11 +148,12 @@ def mux_identity(route: Route, environ: Mapping[str, str]) -> dict[str, object]:
 
 def daemon_name(identity: Mapping[str, object]) -> str:
     """The socket's NAME: a hash of the route's identity (which holds no secret)."""
-    import hashlib
     import json
 
+    from agent_side.sha256 import sha256_hex
+
     text = json.dumps(identity, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+    return sha256_hex(text.encode())[:32]
 
 
 def _accepted(mux_dir: MuxDir, name: str, request: Message) -> Channel | None:
