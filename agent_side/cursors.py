@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import hashlib
 import json
 import os
 import re
@@ -37,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent_side.errors import UsageError
+from agent_side.sha256 import sha256_hex
 from agent_side.user_files import private_dir, read_text, state_dir, write_private
 from agent_side.views import say
 
@@ -54,7 +54,7 @@ def target_key(url: str, *, name: str | None = None, ssh: str | None = None) -> 
     if name is not None:
         return f"name.{name}"
     route = f"{ssh or ''} {url}".encode()
-    return f"url.{hashlib.sha256(route).hexdigest()[:20]}"
+    return f"url.{sha256_hex(route)[:20]}"
 
 
 @dataclass(frozen=True)
@@ -201,7 +201,6 @@ def prune_when_due(cursors: Path, keep: Path) -> None:
     with contextlib.suppress(OSError):
         # Marked first: processes opening cursors meanwhile skip the sweep this one makes.
         mark.touch(mode=0o600)
-        os.utime(mark)
     prune(cursors, keep)
 
 

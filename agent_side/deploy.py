@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import fnmatch
-import hashlib
 import ipaddress
 import json
 import os
@@ -46,6 +45,7 @@ import paramiko
 
 from agent_side import targets_file
 from agent_side.errors import AgentError, SshFailure, SshUnreachable, UsageError
+from agent_side.sha256 import sha256_hex
 from agent_side.ssh import (
     Destination,
     Endpoint,
@@ -596,7 +596,7 @@ class SharedFiles:
                 source, self._scratch / "dist", progress.waiting("building the wheel")
             )
             self.builds += 1
-            digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+            digest = sha256_hex(wheel.read_bytes())
             progress.own(
                 f"built {wheel.name} (sha256 {digest[:12]}) in {time.monotonic() - started:.1f}s"
             )

@@ -16,7 +16,6 @@ This is the only agent-side module that imports ``target_side``.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import secrets
 import shutil
@@ -25,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent_side.sha256 import sha256_hex
 from agent_side.views import say
 from target_side.config import FenceConfig, RoleConfig, ServerConfig, Settings
 from target_side.service.server import ServerThread
@@ -57,7 +57,7 @@ def local_target(workspace: str | None = None) -> Iterator[LocalTarget]:
         # below it by path; everything in it is private (keys 0600, state 0700 inside).
         os.chmod(root, 0o711)  # noqa: S103 - searchable by design, never listable
         token = secrets.token_urlsafe(32)
-        settings = _settings(root, workspace, hashlib.sha256(token.encode()).hexdigest())
+        settings = _settings(root, workspace, sha256_hex(token.encode()))
         if settings.fence.identity == "server":
             say(
                 "note: not run as root, so the embedded target's turns run as you "

@@ -1,4 +1,4 @@
-"""SHA-256 for the command's start: names derived from routes and files.
+"""The agent side's SHA-256: names derived from routes, tokens, scripts and files.
 
 ``hashlib`` loads OpenSSL's library when imported (~3.5 ms of every ``paddock``
 command); CPython's own SHA-256 module, which ``hashlib`` falls back to, loads

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from pydantic import ValidationError
 
 from agent_side.client import TargetClient
 from agent_side.errors import ProtocolError, TurnLost, UsageError
+from agent_side.sha256 import sha256_hex
 from shared.exit_status import is_exit_status
 from shared.wire import (
     TERMINAL_KINDS,
@@ -70,7 +70,7 @@ def new_request(
     """
     program: dict[str, object] = {"argv": list(argv)}
     if script is not None:
-        program = {"script": script, "script_sha256": hashlib.sha256(script.encode()).hexdigest()}
+        program = {"script": script, "script_sha256": sha256_hex(script.encode())}
     fence: dict[str, object] = {}
     if cwd is not None or env or read or write or network:
         fence = {

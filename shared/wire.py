@@ -595,8 +595,6 @@ class OutputEvent(_EventBase):
             _ = self.data_b64, other.data_b64
         return super().__eq__(other)
 
-    __hash__ = None  # type: ignore[assignment]  # as BaseModel's: events are mutable
-
     @property
     def output(self) -> bytes | None:
         """The bytes, when the event came with them (else from ``data`` or ``data_b64``)."""

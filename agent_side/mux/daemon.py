@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import os
 import signal
 import socket
@@ -40,6 +39,7 @@ from agent_side.mux.frames import PROTOCOL, Channel, Message
 from agent_side.mux.paths import MuxDir, peer_uid
 from agent_side.mux.settings import DEFAULT_PERSIST_S
 from agent_side.route import Route
+from agent_side.sha256 import sha256_hex
 
 if TYPE_CHECKING:
     from agent_side.api import Target
@@ -347,7 +347,7 @@ class Targets:
     def get(self, route: Route, token: object) -> Target:
         if token is not None and not isinstance(token, str):
             raise UsageError("the token must be text")
-        key = hashlib.sha256((token or "").encode()).hexdigest()
+        key = sha256_hex((token or "").encode())
         with self._lock:
             opening = self._opening.setdefault(key, threading.Lock())
         with opening:
