@@ -549,6 +549,27 @@ MUTATIONS: tuple[Mutation, ...] = (
         "        super().__init__(family, socket.SOCK_STREAM)",
         ("tests/test_connections.py -k without_delay",),
     ),
+    Mutation(
+        "ledger-head-replaced-per-record",
+        "target_side/service/ledger.py",
+        "                self._head.write(count, last)",
+        "                write_atomic(self.head_path, _head_bytes(count, last), durable=False)",
+        ("tests/test_ledger_recovery.py -k in_place",),
+    ),
+    Mutation(
+        "ledger-head-read-after-the-chain",
+        "target_side/service/ledger.py",
+        "    head_count, head_hash = _read_head(head_path)\n    torn = _torn_start(path)",
+        "    torn = _torn_start(path)",
+        ("tests/test_ledger_recovery.py -k beside",),
+        also=(
+            (
+                "    torn_bytes = 0 if torn is None else path.stat().st_size - torn\n",
+                "    torn_bytes = 0 if torn is None else path.stat().st_size - torn\n"
+                "    head_count, head_hash = _read_head(head_path)\n",
+            ),
+        ),
+    ),
 )
 
 # --- issue 12: a turn's first process born inside its cgroups ----------------------------------

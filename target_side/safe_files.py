@@ -36,9 +36,22 @@ def check_ancestors(path: Path) -> None:
 
 def read_private(path: Path, *, allow_group_read: bool = False) -> bytes:
     """The bytes of ``path``, refused if it is a symlink, not regular, foreign-owned or too open."""
+    fd = open_private(path, os.O_RDONLY, allow_group_read=allow_group_read)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def open_private(path: Path, flags: int, *, allow_group_read: bool = False) -> int:
+    """A descriptor for ``path`` opened with ``flags`` (``O_CREAT`` makes it ``0600``), judged
+    as ``read_private`` judges: by ``fstat`` of what was opened, never through a symlink."""
     check_ancestors(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY, 0o600)
     except OSError as exc:
         if exc.errno == 40:  # ELOOP: the last component is a symlink
             raise UnsafeFileError(
@@ -47,12 +60,10 @@ def read_private(path: Path, *, allow_group_read: bool = False) -> bytes:
         raise UnsafeFileError(f"cannot open {path}: {exc.strerror}") from exc
     try:
         _check_opened(path, os.fstat(fd), allow_group_read)
-        chunks = []
-        while chunk := os.read(fd, 1 << 16):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
+    return fd
 
 
 def _check_opened(path: Path, st: os.stat_result, allow_group_read: bool) -> None:

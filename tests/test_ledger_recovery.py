@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
+import threading
 import sys
 from pathlib import Path
 
@@ -269,3 +270,50 @@ def test_a_retried_request_finds_its_turn_rebuilt_from_the_ledger(tmp_path: Path
         again.terminate()
     assert retried["turn_id"] == turn_id
     assert retried["state"] == "exited"
+
+
+def test_the_head_is_overwritten_in_place_not_replaced(tmp_path: Path) -> None:
+    book = ledger.Ledger(tmp_path)
+    assert book.append_now("note", text="first")
+    head = tmp_path / ledger.HEAD
+    inode = head.stat().st_ino
+    for n in range(5):
+        assert book.append_now("note", text=f"more {n}")
+    # No file made and none removed per record: the same inode, the same fixed size.
+    assert head.stat().st_ino == inode
+    assert head.stat().st_size == ledger.HEAD_SIZE
+    assert json.loads(head.read_bytes())["count"] == 6
+    book.close_now()
+    assert ledger.verify(tmp_path).count == 6
+
+
+WRITER = """
+import sys
+from pathlib import Path
+from target_side.service.ledger import Ledger
+book = Ledger(Path(sys.argv[1]))
+print("ready", flush=True)
+for n in range(int(sys.argv[2])):
+    book.append_now("note", text="x" * 50)
+book.close_now()
+"""
+
+
+def test_verify_beside_a_writing_ledger_never_reports_damage(tmp_path: Path) -> None:
+    ledger.Ledger(tmp_path).close_now()
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(tmp_path), "3000"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert writer.stdout is not None and writer.stdout.readline() == "ready\n"
+    seen = []
+    # Each check passes, or finds the head behind (what a running target leaves); never
+    # "records were removed" from a head read after a chain it has since outgrown.
+    while writer.poll() is None:
+        seen.append(ledger.verify(tmp_path).count)
+    assert writer.wait() == 0
+    writer.stdout.close()
+    assert len(set(seen)) > 10, "the writer did not run beside the checks"
+    assert ledger.verify(tmp_path).count == 3000

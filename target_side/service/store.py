@@ -1,12 +1,12 @@
 """Turns on disk: one directory per turn, holding its record and its event spool.
 
-``STATE/turns/TURN/record.json`` is the turn as last known (replaced
-atomically on every change) and ``events.frames`` its spool (``events.jsonl``
-for a turn spooled before frames). A restarted target
+``STATE/turns/TURN/record.json`` is the ended turn and ``events.frames`` its
+spool (``events.jsonl`` for a turn spooled before frames). A restarted target
 reads them back, so a turn outlives the process that ran it, as output at least.
-The ledger is the turn's commit point: a record is written after it, without
-waiting for the disk, and a restarted target believes the ledger over a record
-that missed the turn's end.
+The ledger is the turn's commit point: a running turn has no record (its
+``launch`` line holds all one would say), an ended turn's record is written after
+its ``end`` line, without waiting for the disk, and a restarted target believes
+the ledger over a record that missed the turn's end.
 
 A record is replaced through a temporary file and a rename, so a crash leaves
 the old record or the new one; what it can leave besides is the temporary file
@@ -106,6 +106,10 @@ class Unreadable(BaseModel):
 
 
 def _set_aside(turn_id: str, path: Path, exc: Exception) -> Unreadable:
+    if isinstance(exc, FileNotFoundError):
+        # The usual case after a crash: the turn was running (or never launched).
+        log.info("turn %s: no record (it had not ended); rebuilt from the ledger if there", turn_id)
+        return Unreadable(turn_id=turn_id, kept=None, reason="no record: the turn had not ended")
     reason = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
     kept = None
     kept_path = path.with_name(f"{RECORD}.torn-{stamp()}")

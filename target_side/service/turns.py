@@ -526,11 +526,12 @@ class TurnManager:
         running = await self._spawn(bwrap, plan, record.spool)
         record.running = running
         record.update(started_at=now(), executable=plan.executable)
-        # The commit point of the turn's start (while bubblewrap sets up): the record follows.
+        # The commit point of the turn's start (while bubblewrap sets up). No record is
+        # written for a running turn: this line says all it would, and a restart rebuilds
+        # the turn from it; the record is written once, when the turn ends.
         key = {"idempotency": record.stored.idempotency} if record.stored.idempotency else {}
         facts = _launch_facts(plan) | key
         await self._ledger_append("launch", turn=_turn_json(record.turn), **facts)
-        self._save_soon(record)
         record.spool.append_kept("started", executable=plan.executable)
         record.task = asyncio.create_task(self._follow(record, plan))
 
@@ -564,6 +565,9 @@ class TurnManager:
             log.exception("turn %s: lost track of its process", plan.turn_id)
             running.kill_now()
             outcome = Outcome(ExitStatus.PADDOCK_FAILED)
+        # Its output is all in: onto the disk while the audit runs. The end's ledger line
+        # syncs the spool again before it is written, at no cost when nothing came since.
+        synced = asyncio.ensure_future(asyncio.to_thread(record.spool.sync))
         try:
             moved = await self.identity.audit(
                 plan.role, (plan.uid, plan.gid), plan.audit, plan.turn_id
@@ -571,6 +575,8 @@ class TurnManager:
         except TargetError as exc:
             log.error("turn %s: the audit after it could not run: %s", plan.turn_id, exc)
             moved = [f"the protected paths could not be checked after the turn: {exc}"]
+        finally:
+            await synced
         for said in moved:
             record.spool.append_kept("notice", message=said)
         try:
