@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
-import threading
 import sys
 from pathlib import Path
 
