@@ -1327,6 +1327,48 @@ MUTATIONS += (
     ),
 )
 
+# --- issue 12: a worker thread starts a turn as the role's ids, then takes root back -----------
+MUTATIONS += (
+    Mutation(
+        "role-ids-kept-by-the-thread",
+        "target_side/fence/thread_ids.py",
+        '            finally:\n                _call("setresuid", 0, 0, 0)',
+        "            finally:\n                pass",
+        (
+            "tests/test_thread_ids.py -k root_back",
+            "tests/test_host_edges.py -k bwrap_runs_as_the_role",
+        ),
+    ),
+    Mutation(
+        "thread-switches-where-the-server-stays-traceable",
+        "target_side/fence/thread_ids.py",
+        "_suid_dumpable() != SUID_DUMP_USER",
+        "_suid_dumpable() >= 0",
+        ("tests/test_thread_ids.py -k traceable",),
+    ),
+    Mutation(
+        "thread-switches-for-a-uid-with-an-account",
+        "target_side/fence/thread_ids.py",
+        "    return not _has_account(uid) and",
+        "    return",
+        ("tests/test_thread_ids.py -k host_account",),
+    ),
+    Mutation(
+        "capabilities-handed-on-to-the-fence",
+        "target_side/fence/thread_ids.py",
+        "    groups = os.getgroups()\n    _drop_inherited_capabilities()",
+        "    groups = os.getgroups()",
+        ("tests/test_thread_ids.py -k nothing_more",),
+    ),
+    Mutation(
+        "server-groups-handed-on-to-the-fence",
+        "target_side/fence/thread_ids.py",
+        '    _call("setgroups", 0, None)\n',
+        "",
+        ("tests/test_thread_ids.py -k nothing_more",),
+    ),
+)
+
 
 def run(mutation: Mutation) -> bool:
     """True if the mutation turned its tests red (as it must)."""

@@ -154,6 +154,42 @@ def test_identity_files_a_turn_makes_belong_to_its_role(
     assert st.st_mode & 0o777 == 0o644  # one umask, whatever the server's
 
 
+def test_identity_bwrap_runs_as_the_role_and_the_server_stays_root(
+    c: httpx.Client, edges: Target
+) -> None:
+    # The worker thread that starts bwrap takes the role's ids for that instant only.
+    marker = "281.7"
+    turn = submit(c, argv=["sh", "-c", f"sleep {marker}"])
+    try:
+        assert wait_until(lambda: bool(processes_with("sleep", marker)))
+        uid = str(_uid(edges.settings))
+        ours = [
+            pid for pid in _pids() if _exe(pid).endswith("/bwrap") and _parent(pid) == os.getpid()
+        ]
+        assert ours
+        for pid in ours:
+            status = _status(f"/proc/{pid}/status")
+            assert status["Uid"] == status["Gid"] == [uid] * 4
+            assert status["CapPrm"] == status["CapEff"] == status["CapAmb"] == ["0" * 16]
+        for task in os.listdir("/proc/self/task"):
+            assert _status(f"/proc/self/task/{task}/status")["Uid"] == ["0"] * 4, task
+    finally:
+        c.post(f"/v1/turns/{turn.turn_id}/signal", json={"signal": "KILL"})
+        events(c, turn.turn_id)
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(_status(f"/proc/{pid}/status")["PPid"][0])
+    except (OSError, KeyError):
+        return -1
+
+
+def _status(path: str) -> dict[str, list[str]]:
+    lines = Path(path).read_text().splitlines()
+    return {key: value.split() for key, value in (line.split(":", 1) for line in lines)}
+
+
 def test_identity_a_unix_socket_sees_the_roles_uid(
     c: httpx.Client, edges: Target, ws: Path
 ) -> None:

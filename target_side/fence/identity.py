@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Protocol
 
 from target_side.config import Settings
-from target_side.fence import audit, home, pipes
+from target_side.fence import audit, home, pipes, thread_ids
 from target_side.fence.launcher_client import ViaLauncher, WriteProtocol
 from target_side.fence.limits import TurnLimits
 from target_side.fence.nursery import Worker
@@ -130,10 +130,12 @@ class InProcess:
     ) -> FenceProcess:
         uid, gid = ids
         prefix: tuple[str, ...] = ()
-        switch = False
+        switch = thread_acts = False
         if (uid, gid) != (os.getuid(), os.getgid()):
-            prefix = as_ids_prefix(uid, gid)
-            switch = not prefix  # no setpriv: the child switches (and Python forks whole)
+            thread_acts = thread_ids.usable_for(uid)
+            prefix = () if thread_acts else as_ids_prefix(uid, gid)
+            # Neither: the child switches (and Python forks the server whole).
+            switch = not thread_acts and not prefix
         stdin: int = subprocess.PIPE if stdin_open else subprocess.DEVNULL
         stdout: int = subprocess.PIPE
         stderr: int = subprocess.PIPE
@@ -142,6 +144,10 @@ class InProcess:
         held: list[int] = []
 
         def start() -> subprocess.Popen[bytes]:
+            with thread_ids.acting_as(uid, gid) if thread_acts else contextlib.nullcontext():
+                return _popen()
+
+        def _popen() -> subprocess.Popen[bytes]:
             process = subprocess.Popen(
                 [*prefix, *argv],
                 stdin=stdin,

@@ -50,6 +50,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from target_side.fence import thread_ids
 from target_side.fence.cgroupfs import TURN_PREFIX
 
 log = logging.getLogger("paddock.target")
@@ -102,6 +103,7 @@ class Worker:
         self._thread.join(timeout)
 
     def _live(self) -> None:
+        thread_ids.mark_one_shot()  # it may act as a role's ids: it ends with its process
         self._settle()
         job = self._jobs.get()
         if job is None:

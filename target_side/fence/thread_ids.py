@@ -1,0 +1,171 @@
+"""One thread acting as a role's ids for the instant it starts bubblewrap.
+
+A root server starts a role's fence as the role's uid and gid, with no
+supplementary groups and no capabilities. ``setpriv`` does that in a program
+of its own, executed before bubblewrap: a second ``execve`` and dynamic link
+on every turn (about 1.5 ms here). Python's own switch (``Popen(user=...)``)
+forks the whole server instead of ``vfork``-ing it (several milliseconds).
+
+Linux keeps credentials per thread; only the C library's wrappers change them
+for every thread at once. So the worker thread that starts a turn (a thread of
+its own, used once: ``nursery.Worker``) changes its own ids with the raw system
+calls, ``vfork``-s bubblewrap, which inherits them, and takes root back at once:
+
+- ``setgroups(0)``, then ``setresgid(gid, gid, 0)`` and ``setresuid(uid, uid,
+  0)``: real and effective ids become the role's and the saved ones stay
+  root, which is what lets the thread switch back. ``execve`` sets the saved
+  ids to the effective ones, so bubblewrap runs with all three the role's and
+  no way back; with real and effective uid not 0 it gains no capability.
+- the thread's ambient and inheritable capabilities are cleared first (a
+  server given capabilities by its service manager must not hand them on).
+- a thread changing its ids makes the whole process non-dumpable (the kernel
+  does, under ``fs.suid_dumpable`` 0 or 2): nothing running as the role's uid
+  may ptrace the server, even while one of its threads has that uid. Under
+  ``suid_dumpable`` 1 (a debugging setting the kernel calls insecure) it does
+  not, so then this path is not taken.
+
+Only for a role uid that no host account has (the default pool's): for the
+instant the thread holds it, a process of that uid could signal the thread,
+and a pool uid has no processes outside fences, whose pid namespaces cannot
+name it. A uid with an account, an unknown architecture, or a failure to
+switch leaves the turn to ``setpriv``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import os
+import platform
+import pwd
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from target_side.errors import BackendError
+
+SYSCALLS = {
+    "x86_64": {"setgroups": 116, "setresuid": 117, "setresgid": 119, "capget": 125, "capset": 126},
+    "aarch64": {"setgroups": 159, "setresuid": 147, "setresgid": 149, "capget": 90, "capset": 91},
+}
+"""Numbers of the calls used, per machine (the C library offers no per-thread wrapper)."""
+SUID_DUMPABLE = Path("/proc/sys/fs/suid_dumpable")
+SUID_DUMP_USER = 1
+"""The setting under which a process that changed ids stays traceable by its new uid."""
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+CAPABILITY_VERSION_3 = 0x20080522
+
+_one_shot = threading.local()
+
+
+class ThreadIdsError(BackendError):
+    """The thread could not take (or give back) a role's ids."""
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+@functools.cache
+def _numbers() -> dict[str, int] | None:
+    return SYSCALLS.get(platform.machine())
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    return libc
+
+
+def usable_for(uid: int) -> bool:
+    """Whether a turn of ``uid`` may be started by a thread acting as it (see the module)."""
+    if os.getuid() != 0 or uid == 0 or _numbers() is None:
+        return False
+    return not _has_account(uid) and _suid_dumpable() != SUID_DUMP_USER
+
+
+def _suid_dumpable() -> int:
+    try:
+        return int(SUID_DUMPABLE.read_text())
+    except (OSError, ValueError):
+        return SUID_DUMP_USER  # unknown: assume the unsafe setting
+
+
+@functools.lru_cache(maxsize=256)
+def _has_account(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return True
+
+
+def mark_one_shot() -> None:
+    """Say this thread ends after its one process (``acting_as`` runs on no other)."""
+    _one_shot.marked = True
+
+
+@contextlib.contextmanager
+def acting_as(uid: int, gid: int) -> Iterator[None]:
+    """This thread alone as ``uid``/``gid`` (no groups, no capabilities to hand on), then root.
+
+    A process started inside (``vfork``) keeps the role's ids; the thread gets
+    root back on the way out.
+    """
+    if not getattr(_one_shot, "marked", False):
+        raise ThreadIdsError("a role's ids are taken only on a turn's own worker thread")
+    groups = os.getgroups()
+    _drop_inherited_capabilities()
+    _call("setgroups", 0, None)
+    try:
+        _call("setresgid", gid, gid, 0)
+        try:
+            _call("setresuid", uid, uid, 0)
+            try:
+                yield
+            finally:
+                _call("setresuid", 0, 0, 0)
+        finally:
+            _call("setresgid", 0, 0, 0)
+    finally:
+        _set_groups(groups)
+
+
+def _drop_inherited_capabilities() -> None:
+    libc = _libc()
+    if libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0:
+        raise ThreadIdsError(f"clearing ambient capabilities: {os.strerror(ctypes.get_errno())}")
+    header = _CapHeader(CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    _call("capget", ctypes.byref(header), data)
+    if data[0].inheritable or data[1].inheritable:
+        data[0].inheritable = data[1].inheritable = 0
+        _call("capset", ctypes.byref(header), data)
+
+
+def _set_groups(groups: list[int]) -> None:
+    array = (ctypes.c_uint32 * len(groups))(*groups)
+    _call("setgroups", len(groups), array)
+
+
+def _call(name: str, *args: object) -> None:
+    numbers = _numbers()
+    if numbers is None:
+        raise ThreadIdsError(f"no {name} number known for {platform.machine()}")
+    if _libc().syscall(ctypes.c_long(numbers[name]), *[_arg(a) for a in args]) != 0:
+        raise ThreadIdsError(f"{name}: {os.strerror(ctypes.get_errno())}")
+
+
+def _arg(value: object) -> object:
+    return ctypes.c_long(value) if isinstance(value, int) else value
