@@ -1327,6 +1327,24 @@ MUTATIONS += (
     ),
 )
 
+# --- issue 12: remembered canonical paths, re-checked before they are believed ----------------
+MUTATIONS += (
+    Mutation(
+        "remembered-path-believed-unchecked",
+        "target_side/policy/walk_cache.py",
+        "            if all(_seen(directory, looked) == seen for directory, seen in dirs):",
+        "            if True:",
+        ("tests/test_walk_cache.py -k swapped_in or stays_forbidden or always_answers",),
+    ),
+    Mutation(
+        "remembered-while-still-racy",
+        "target_side/policy/walk_cache.py",
+        "        if not stat.S_ISDIR(seen[2]) or now - max(seen[3], seen[4]) < RACY_NS:",
+        "        if not stat.S_ISDIR(seen[2]):",
+        ("tests/test_walk_cache.py -k fresh",),
+    ),
+)
+
 # --- issue 12: a worker thread starts a turn as the role's ids, then takes root back -----------
 MUTATIONS += (
     Mutation(

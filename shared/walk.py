@@ -55,7 +55,20 @@ def canonical_path(path: str | os.PathLike[str]) -> str:
     after ``MAX_SYMLINK_HOPS`` symlinks, and ``WalkError`` for a path no
     system call could take.
     """
-    text = os.fspath(path)
+    return _walk(os.fspath(path), None)
+
+
+def canonical_path_and_dirs(path: str | os.PathLike[str]) -> tuple[str, frozenset[str]]:
+    """``canonical_path``, and every directory whose entries the walk looked up.
+
+    Those entries decide the answer, and nothing else does: a symlink's target
+    cannot change without its directory's entry being replaced.
+    """
+    consulted: set[str] = set()
+    return _walk(os.fspath(path), consulted), frozenset(consulted)
+
+
+def _walk(text: str, consulted: set[str] | None) -> str:
     if not text.startswith("/"):
         raise RelativePathError(f"{text!r} is relative; an absolute path is required")
     if "\0" in text:
@@ -73,7 +86,10 @@ def canonical_path(path: str | os.PathLike[str]) -> str:
             if resolved:
                 resolved.pop()
             continue
-        here = "/" + "/".join([*resolved, name])
+        parent = "/" + "/".join(resolved)
+        here = f"{parent.rstrip('/')}/{name}"
+        if consulted is not None:
+            consulted.add(parent)
         target = _link_target(here)
         if target is None:
             resolved.append(name)

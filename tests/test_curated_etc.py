@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -62,6 +64,31 @@ def test_curated_etc_follows_a_change_with_a_new_version(host_etc: Path, tmp_pat
     assert second != first
     assert (second / "hosts").read_text() == "10.0.0.1 build\n"
     assert (first / "hosts").read_text() == "127.0.0.1 localhost\n"  # running turns keep theirs
+
+
+def test_curated_etc_being_checked_holds_up_no_other_turn(host_etc: Path, tmp_path: Path) -> None:
+    curated = _curated(tmp_path)
+    first = curated.current(now=0.0)
+    (host_etc / "hosts").write_text("10.0.0.2 busy\n")
+    os.utime(host_etc / "hosts", ns=(2, 2))
+    checking, done = threading.Event(), threading.Event()
+
+    def another_turn_checks() -> None:  # holds the sources' lock as a long look would
+        with curated._lock:
+            checking.set()
+            done.wait(5)
+
+    holder = threading.Thread(target=another_turn_checks)
+    holder.start()
+    try:
+        checking.wait(5)
+        started = time.monotonic()
+        assert curated.current(now=10.0) == first  # the version there is...
+        assert time.monotonic() - started < 1  # ...without waiting for the look to end
+    finally:
+        done.set()
+        holder.join()
+    assert curated.current(now=10.0) != first  # the next one past it looks again
 
 
 def test_fence_user_is_named_and_passwd_replaced_meanwhile_refuses_nothing(

@@ -1,7 +1,9 @@
 """The forbidden list: host paths no fence may expose, whatever a role or request says.
 
 Every entry is kept canonical, so a symlinked alias of a forbidden path meets
-the same entry. Two places in the state root are exempt, recognised by
+the same entry. The entries are the same on every turn: their canonical forms
+are remembered, each believed only while the directories that decided it are
+unchanged (``walk_cache``). Two places in the state root are exempt, recognised by
 canonical identity: the role's own home, and the curated copy of ``/etc``
 every fence mounts. Each exempts what lies inside it, never its parent or a
 sibling.
@@ -11,12 +13,13 @@ from __future__ import annotations
 
 import os
 import pwd
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from shared.walk import Conflict, canonical_path, is_within, mount_conflict
 from target_side.config import Settings
+from target_side.policy.walk_cache import WalkCache
 
 CREDENTIAL_DIRS = (
     ".ssh",
@@ -48,6 +51,10 @@ RUNTIME_SOCKETS = (
     "/run/systemd/private",
 )
 """Control sockets: a read-only bind does not stop a socket, so they are never bound at all."""
+
+
+WALKS = WalkCache()
+"""The forbidden entries' canonical forms, shared by every turn of this process."""
 
 
 @dataclass(frozen=True)
@@ -99,18 +106,22 @@ def curated_etc_root(settings: Settings) -> Path:
     return settings.state_root / "etc"
 
 
-def home_place(settings: Settings, role: str) -> str:
+def home_place(settings: Settings, role: str, walk: Callable[[str], str] = canonical_path) -> str:
     """Where the role's home belongs, canonical up to it and never through what stands there.
 
     Whatever a turn left in its place (a symlink, say) is moved aside at launch.
     """
-    return f"{canonical_path(role_state_dir(settings, role))}/home"
+    return f"{walk(str(role_state_dir(settings, role)))}/home"
 
 
 def forbidden_for(
-    settings: Settings, role: str, environ: Mapping[str, str] | None = None
+    settings: Settings,
+    role: str,
+    environ: Mapping[str, str] | None = None,
+    walk: Callable[[str], str] | None = None,
 ) -> ForbiddenList:
-    """The complete forbidden list for turns of ``role``."""
+    """The complete forbidden list for turns of ``role`` (``walk``: a ``WALKS`` batch open)."""
+    walk = WALKS.batch() if walk is None else walk
     env = os.environ if environ is None else environ
     entries = [
         ForbiddenEntry(str(settings.state_root), "the target's state (keys, ledger, other roles)"),
@@ -125,8 +136,8 @@ def forbidden_for(
     agent_socket = env.get("SSH_AUTH_SOCK")
     if agent_socket and agent_socket.startswith("/"):
         entries.append(ForbiddenEntry(agent_socket, "the server's SSH agent socket"))
-    canonical = [ForbiddenEntry(canonical_path(e.path), e.why) for e in entries]
-    own = (home_place(settings, role), canonical_path(curated_etc_root(settings)))
+    canonical = [ForbiddenEntry(walk(e.path), e.why) for e in entries]
+    own = (home_place(settings, role, walk), walk(str(curated_etc_root(settings))))
     return ForbiddenList(canonical, own)
 
 

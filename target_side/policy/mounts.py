@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 import posixpath
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from shared.walk import is_within
+from shared.walk import canonical_path, is_within
 from target_side import trust
 from target_side.errors import RefusedError
 from target_side.policy import refusals
@@ -81,11 +82,16 @@ class MountPlanner:
     """Collects mounts in order, sending every path through the walk and the forbidden list."""
 
     def __init__(
-        self, forbidden: ForbiddenList, workspaces: tuple[str, ...], ids: tuple[int, int]
+        self,
+        forbidden: ForbiddenList,
+        workspaces: tuple[str, ...],
+        ids: tuple[int, int],
+        walk: Callable[[str], str] = canonical_path,
     ) -> None:
         self.forbidden = forbidden
         self.workspaces = workspaces
         self.ids = ids
+        self.walk = walk
         self.mounts: list[Mount] = []
         self._searchable: set[str] = set()
 
@@ -108,7 +114,7 @@ class MountPlanner:
     def path_dirs(self, search_path: str) -> None:
         """Bind the fence's PATH directories that no system mount already shows, once trusted."""
         for directory in dict.fromkeys(search_path.split(":")):
-            resolved = resolve("fence.path", directory)
+            resolved = resolve("fence.path", directory, self.walk)
             if not os.path.isdir(resolved) or self.visible(resolved):
                 continue  # a missing entry is the operator's to fix: config check says so
             found = trust.untrusted_ancestor(resolved)
@@ -126,7 +132,7 @@ class MountPlanner:
         return self.add("rw", place, "roles.home")
 
     def add(self, kind: MountKind, path: str, subject: str, dest: str | None = None) -> str:
-        resolved = path if subject == "roles.home" else resolve(subject, path)
+        resolved = path if subject == "roles.home" else resolve(subject, path, self.walk)
         self.check_forbidden(subject, path, resolved)
         target = dest or resolved
         if not is_normal(target):
@@ -140,7 +146,7 @@ class MountPlanner:
         return resolved
 
     def existing(self, kind: MountKind, path: str, subject: str, dest: str | None = None) -> str:
-        resolved = resolve(subject, path)
+        resolved = resolve(subject, path, self.walk)
         try:
             st = os.stat(resolved)
         except OSError:
@@ -152,7 +158,7 @@ class MountPlanner:
         return self.add(kind, path, subject, dest)
 
     def workspace_dir(self, path: str, subject: str) -> str:
-        resolved = resolve(subject, path)
+        resolved = resolve(subject, path, self.walk)
         if not any(is_within(resolved, w) for w in self.workspaces):
             raise RefusedError(refusals.outside_workspace(subject, path, resolved, self.workspaces))
         if not os.path.isdir(resolved):
@@ -169,7 +175,7 @@ class MountPlanner:
 
     def secret(self, pair: str, subject: str) -> None:
         host, _, inside = pair.partition(":")
-        self.existing("ro", host, subject, dest=inside or resolve(subject, host))
+        self.existing("ro", host, subject, dest=inside or resolve(subject, host, self.walk))
 
     def check_reachable(self, subject: str, given: str, resolved: str) -> None:
         """Every directory above ``resolved`` must let the role's uid search it.

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Callable
 
 from shared.walk import WalkError, canonical_path
 from target_side.errors import RefusedError
 from target_side.policy import refusals
 
 
-def resolve(subject: str, path: str) -> str:
-    """``canonical_path``, with a path the walk cannot finish refused against ``subject``."""
+def resolve(subject: str, path: str, walk: Callable[[str], str] = canonical_path) -> str:
+    """``canonical_path`` (or ``walk``: a ``WalkCache`` batch), with a path the walk cannot
+    finish refused against ``subject``."""
     try:
-        return canonical_path(path)
+        return walk(path)
     except WalkError as exc:
         raise RefusedError(
             refusals.bad_mount(subject, path, path, f"cannot be resolved: {exc}")

@@ -21,7 +21,7 @@ from target_side.errors import RefusedError
 from target_side.policy import managed, refusals
 from target_side.policy.environment import build_env
 from target_side.policy.executables import resolve_executable
-from target_side.policy.forbidden import forbidden_for, home_place
+from target_side.policy.forbidden import WALKS, forbidden_for, home_place
 from target_side.policy.mounts import Mount, MountPlanner, identity
 from target_side.policy.paths import resolve
 from target_side.policy.protect import (
@@ -84,11 +84,12 @@ def plan_turn(
     role = settings.roles[request.role]
     limits = effective_limits(request.limits, role.limits)
     network = _network(request, role)
-    home = home_place(settings, request.role)
-    workspaces = tuple(resolve("roles.workspaces", w) for w in role.workspaces)
+    walk = WALKS.batch()  # for this plan only: each directory deciding a path looked at once
+    home = home_place(settings, request.role, walk)
+    workspaces = tuple(resolve("roles.workspaces", w, walk) for w in role.workspaces)
     uid, gid = host_ids(settings, request.role)
-    forbidden = forbidden_for(settings, request.role, server_env)
-    planner = MountPlanner(forbidden, workspaces, (uid, gid))
+    forbidden = forbidden_for(settings, request.role, server_env, walk)
+    planner = MountPlanner(forbidden, workspaces, (uid, gid), walk)
     planner.system(etc_dir)
     planner.path_dirs(settings.fence.path)
     planner.home(home)
