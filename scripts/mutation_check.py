@@ -1374,8 +1374,8 @@ MUTATIONS += (
     Mutation(
         "capabilities-handed-on-to-the-fence",
         "target_side/fence/thread_ids.py",
-        "    groups = os.getgroups()\n    _drop_inherited_capabilities()",
-        "    groups = os.getgroups()",
+        "    groups, gids = os.getgroups(), os.getresgid()\n    _drop_inherited_capabilities()",
+        "    groups, gids = os.getgroups(), os.getresgid()",
         ("tests/test_thread_ids.py -k nothing_more",),
     ),
     Mutation(

@@ -11,9 +11,9 @@ for every thread at once. So the worker thread that starts a turn (a thread of
 its own, used once: ``nursery.Worker``) changes its own ids with the raw system
 calls, ``vfork``-s bubblewrap, which inherits them, and takes root back at once:
 
-- ``setgroups(0)``, then ``setresgid(gid, gid, 0)`` and ``setresuid(uid, uid,
-  0)``: real and effective ids become the role's and the saved ones stay
-  root, which is what lets the thread switch back. ``execve`` sets the saved
+- ``setgroups(0)``, then ``setresgid(gid, gid, saved)`` and ``setresuid(uid,
+  uid, 0)``: real and effective ids become the role's and the saved ones stay
+  the server's (uid 0), which is what lets the thread switch back. ``execve`` sets the saved
   ids to the effective ones, so bubblewrap runs with all three the role's and
   no way back; with real and effective uid not 0 it gains no capability.
 - the thread's ambient and inheritable capabilities are cleared first (a
@@ -90,7 +90,7 @@ def _libc() -> ctypes.CDLL:
 
 def usable_for(uid: int) -> bool:
     """Whether a turn of ``uid`` may be started by a thread acting as it (see the module)."""
-    if os.getuid() != 0 or uid == 0 or _numbers() is None:
+    if os.getresuid() != (0, 0, 0) or uid == 0 or _numbers() is None:
         return False
     return not _has_account(uid) and _suid_dumpable() != SUID_DUMP_USER
 
@@ -125,11 +125,11 @@ def acting_as(uid: int, gid: int) -> Iterator[None]:
     """
     if not getattr(_one_shot, "marked", False):
         raise ThreadIdsError("a role's ids are taken only on a turn's own worker thread")
-    groups = os.getgroups()
+    groups, gids = os.getgroups(), os.getresgid()
     _drop_inherited_capabilities()
     _call("setgroups", 0, None)
     try:
-        _call("setresgid", gid, gid, 0)
+        _call("setresgid", gid, gid, gids[2])
         try:
             _call("setresuid", uid, uid, 0)
             try:
@@ -137,7 +137,7 @@ def acting_as(uid: int, gid: int) -> Iterator[None]:
             finally:
                 _call("setresuid", 0, 0, 0)
         finally:
-            _call("setresgid", 0, 0, 0)
+            _call("setresgid", *gids)
     finally:
         _set_groups(groups)
 
