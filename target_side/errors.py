@@ -86,6 +86,10 @@ class LauncherError(TargetError):
     """The privileged launcher refused a request, or could not be reached."""
 
 
+class ThreadIdsError(TargetError):
+    """A worker thread could not take a role's ids (or give them back); the turn must not run."""
+
+
 class LedgerError(TargetError):
     """The ledger is damaged: a record does not chain to the one before, or the head disagrees."""
 

@@ -33,7 +33,8 @@ from conftest import (
 from shared.walk import canonical_path
 from shared.wire import Turn
 from target_side.config import FenceConfig, RoleConfig, Settings, parse_settings
-from target_side.errors import ConfigError
+from target_side.errors import ConfigError, ThreadIdsError
+from target_side.fence import thread_ids
 from target_side.fence.audit import QUARANTINE_SUFFIX
 from target_side.policy.forbidden import role_home
 from target_side.service.server import ServerThread
@@ -176,6 +177,17 @@ def test_identity_bwrap_runs_as_the_role_and_the_server_stays_root(
     finally:
         c.post(f"/v1/turns/{turn.turn_id}/signal", json={"signal": "KILL"})
         events(c, turn.turn_id)
+
+
+def test_identity_a_thread_that_cannot_take_the_roles_ids_refuses_the_turn(
+    c: httpx.Client, edges: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def cannot(uid: int, gid: int) -> None:
+        raise ThreadIdsError("setresuid: Operation not permitted")
+
+    monkeypatch.setattr(thread_ids, "acting_as", cannot)
+    turn, _ = run(c, ["true"])
+    assert _refusal(turn) == ("backend-unavailable", "setresuid: Operation not permitted")
 
 
 def _parent(pid: int) -> int:

@@ -26,6 +26,7 @@ UID = 1_900_004_242
 HARNESS = """
 import ctypes, json, os, subprocess, sys, threading
 from target_side.fence import thread_ids
+from target_side.errors import ThreadIdsError
 
 UID = int(sys.argv[1])
 CAP_NET_RAW = 13
@@ -54,7 +55,7 @@ found["dumpable"] = libc.prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
 try:
     thread_ids.acting_as(UID, UID).__enter__()
     found["elsewhere"] = "switched"
-except thread_ids.ThreadIdsError as exc:
+except ThreadIdsError as exc:
     found["elsewhere"] = str(exc)
 print(json.dumps(found))
 """

@@ -29,7 +29,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from shared.wire import Refusal
-from target_side.errors import BackendError, LauncherError, LimitError, RefusedError
+from target_side.errors import (
+    BackendError,
+    LauncherError,
+    LimitError,
+    RefusedError,
+    ThreadIdsError,
+)
 from target_side.fence import syscall_filter
 from target_side.fence.held import FailureHook, HeldFence, hold_fence, no_failure
 from target_side.fence.identity import BWRAP_ENV, Identity, InProcess
@@ -344,7 +350,7 @@ async def launch_turn(
             limits,
             terminal=terminal,
         )
-    except (LimitError, LauncherError) as exc:
+    except (LimitError, LauncherError, ThreadIdsError) as exc:
         _close_all(opened)
         if limits is not None:
             limits.remove_now()

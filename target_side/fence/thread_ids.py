@@ -43,7 +43,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from target_side.errors import BackendError
+from target_side.errors import ThreadIdsError
 
 SYSCALLS = {
     "x86_64": {"setgroups": 116, "setresuid": 117, "setresgid": 119, "capget": 125, "capset": 126},
@@ -58,10 +58,6 @@ PR_CAP_AMBIENT_CLEAR_ALL = 4
 CAPABILITY_VERSION_3 = 0x20080522
 
 _one_shot = threading.local()
-
-
-class ThreadIdsError(BackendError):
-    """The thread could not take (or give back) a role's ids."""
 
 
 class _CapHeader(ctypes.Structure):
