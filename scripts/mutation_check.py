@@ -62,7 +62,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "symlinks-not-followed",
         "target_side/policy/mounts.py",
-        '        resolved = path if subject == "roles.home" else resolve(subject, path)',
+        '        resolved = path if subject == "roles.home" else resolve(subject, path, self.walk)',
         '        resolved = path if subject == "roles.home" else posixpath.normpath(path)',
         ("tests/test_fence.py::test_fs_read_through_a_symlink_to_forbidden_path_is_refused",),
     ),
@@ -561,7 +561,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "target_side/service/ledger.py",
         "    head_count, head_hash = _read_head(head_path)\n    torn = _torn_start(path)",
         "    torn = _torn_start(path)",
-        ("tests/test_ledger_recovery.py -k beside",),
+        ("tests/test_ledger_recovery.py -k appended_while_verify",),
         also=(
             (
                 "    torn_bytes = 0 if torn is None else path.stat().st_size - torn\n",

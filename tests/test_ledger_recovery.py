@@ -286,6 +286,24 @@ def test_the_head_is_overwritten_in_place_not_replaced(tmp_path: Path) -> None:
     assert ledger.verify(tmp_path).count == 6
 
 
+def test_a_record_appended_while_verify_reads_the_chain_is_not_taken_for_a_cut(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    book = ledger.Ledger(tmp_path)
+    assert book.append_now("note", text="first")
+    walk = ledger._walk_chain
+
+    def walk_then_a_target_appends(path: Path, torn: int | None) -> object:
+        chain = walk(path, torn)
+        assert book.append_now("note", text="meanwhile")
+        return chain
+
+    monkeypatch.setattr(ledger, "_walk_chain", walk_then_a_target_appends)
+    # The head was read before the chain: at worst behind what it describes, never ahead.
+    assert ledger.verify(tmp_path).count == 1
+    book.close_now()
+
+
 WRITER = """
 import sys
 from pathlib import Path
