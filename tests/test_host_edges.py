@@ -190,6 +190,19 @@ def test_identity_a_thread_that_cannot_take_the_roles_ids_refuses_the_turn(
     assert _refusal(turn) == ("backend-unavailable", "setresuid: Operation not permitted")
 
 
+def test_identity_setpriv_starts_the_turn_where_no_thread_may_switch(
+    c: httpx.Client, edges: Target, ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A uid with an account, suid_dumpable 1, an unknown machine: setpriv, as before.
+    monkeypatch.setattr(thread_ids, "usable_for", lambda uid: False)
+    turn, evs = run(c, ["sh", "-c", "id -u; id -G; touch made"], cwd=str(ws))
+    uid = _uid(edges.settings)
+    assert turn.exit_code == 0
+    assert output(evs).split() == [str(uid), str(uid)]
+    st = (ws / "made").stat()
+    assert (st.st_uid, st.st_gid) == (uid, uid)
+
+
 def _parent(pid: int) -> int:
     try:
         return int(_status(f"/proc/{pid}/status")["PPid"][0])
