@@ -651,7 +651,7 @@ MUTATIONS += (
         "target_side/fence/identity.py",
         '        "--clear-groups",\n',
         '        "--keep-groups",\n',
-        (f"{HOST_EDGES}::test_identity_files_a_turn_makes_belong_to_its_role",),
+        (f"{HOST_EDGES}::test_identity_setpriv_starts_the_turn_where_no_thread_may_switch",),
         also=(("extra_groups=[] if switch else None", "extra_groups=None"),),
     ),
     Mutation(

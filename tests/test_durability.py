@@ -36,6 +36,7 @@ from conftest import (
 from shared.walk import canonical_path
 from target_side.service import ledger
 from target_side.service.app import create_app
+from target_side.service.spool import records_on_disk
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -262,15 +263,18 @@ def test_retention_sweep_removes_old_finished_turns(tmp_path: Path, ca: trustme.
 def test_a_turns_output_is_on_disk_before_its_end_is_recorded(
     tmp_path: Path, ca: trustme.CA, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The ledger's end line vouches for the turn's output: that is synced first (only the
-    terminal event after it is not, since a restart writes it again from the ledger)."""
+    """The ledger's end line vouches for the turn's output, and for the notices after it (the
+    audit's, here): all synced first. Only the terminal event after it is not, since a
+    restart writes it again from the ledger."""
     settings = make_settings(Path(canonical_path(tmp_path)), ca)
     app = create_app(settings)
     seen: list[tuple[str, str]] = []
+    sizes: list[tuple[str, int]] = []
     real_fdatasync, real_append = os.fdatasync, ledger.Ledger._append_lines
 
     def fdatasync(fd: int) -> None:
         seen.append(("synced", os.readlink(f"/proc/self/fd/{fd}")))
+        sizes.append((os.readlink(f"/proc/self/fd/{fd}"), os.fstat(fd).st_size))
         real_fdatasync(fd)
 
     def append_lines(book: ledger.Ledger, lines: list[bytes], count: int, last: str) -> None:
@@ -289,7 +293,8 @@ def test_a_turns_output_is_on_disk_before_its_end_is_recorded(
                 headers={"Authorization": f"Bearer {BUILDER_TOKEN}"},
             ) as c,
         ):
-            body = {"role": "builder", "argv": ["echo", "kept"]}
+            # The audit moves the .envrc aside after the turn, with a notice in the spool.
+            body = {"role": "builder", "argv": ["sh", "-c", "echo kept; touch .envrc"]}
             turn = (await c.post("/v1/turns", json=body)).json()
             async with c.stream("GET", f"/v1/turns/{turn['turn_id']}/events") as r:
                 async for _ in r.aiter_lines():
@@ -303,6 +308,11 @@ def test_a_turns_output_is_on_disk_before_its_end_is_recorded(
         i for i, (what, text) in enumerate(seen) if '"kind":"end"' in text and turn_id in text
     )
     assert synced < end
+    *vouched_for, _exit = records_on_disk(Path(spool))
+    assert b"notice" in vouched_for[-1]
+    syncs_before_end = sum(1 for what, _ in seen[:end] if what == "synced")
+    synced_sizes = [size for path, size in sizes[:syncs_before_end] if path == spool]
+    assert max(synced_sizes) >= sum(map(len, vouched_for))  # the notice was on the disk too
 
 
 def _free_port() -> int:

@@ -195,7 +195,12 @@ def test_identity_setpriv_starts_the_turn_where_no_thread_may_switch(
 ) -> None:
     # A uid with an account, suid_dumpable 1, an unknown machine: setpriv, as before.
     monkeypatch.setattr(thread_ids, "usable_for", lambda uid: False)
-    turn, evs = run(c, ["sh", "-c", "id -u; id -G; touch made"], cwd=str(ws))
+    groups = os.getgroups()
+    os.setgroups([*groups, 4242])  # the server's supplementary group must not pass
+    try:
+        turn, evs = run(c, ["sh", "-c", "id -u; id -G; touch made"], cwd=str(ws))
+    finally:
+        os.setgroups(groups)
     uid = _uid(edges.settings)
     assert turn.exit_code == 0
     assert output(evs).split() == [str(uid), str(uid)]
