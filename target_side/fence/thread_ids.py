@@ -98,8 +98,8 @@ def _suid_dumpable() -> int:
         return SUID_DUMP_USER  # unknown: assume the unsafe setting
 
 
-@functools.lru_cache(maxsize=256)
 def _has_account(uid: int) -> bool:
+    # Asked on every turn: an account made later for a pool uid must be seen at once.
     try:
         pwd.getpwuid(uid)
     except KeyError:
