@@ -651,7 +651,7 @@ MUTATIONS += (
         "target_side/fence/identity.py",
         '        "--clear-groups",\n',
         '        "--keep-groups",\n',
-        (f"{HOST_EDGES}::test_identity_setpriv_starts_the_turn_where_no_thread_may_switch",),
+        (f"{HOST_EDGES} -k belong_to_its_role and setpriv",),
         also=(("extra_groups=[] if switch else None", "extra_groups=None"),),
     ),
     Mutation(

@@ -137,9 +137,13 @@ def _exe(pid: int) -> str:
 # --- 2. a turn acts on the host as its role's own uid ---------------------------------------
 
 
+@pytest.mark.parametrize("starter", ["thread", "setpriv"])
 def test_identity_files_a_turn_makes_belong_to_its_role(
-    c: httpx.Client, edges: Target, ws: Path
+    c: httpx.Client, edges: Target, ws: Path, monkeypatch: pytest.MonkeyPatch, starter: str
 ) -> None:
+    if starter == "setpriv":
+        # A uid with an account, suid_dumpable 1, an unknown machine: setpriv, as before.
+        monkeypatch.setattr(thread_ids, "usable_for", lambda uid: False)
     # The server holds a supplementary group, as a service user often does: it must not pass.
     groups = os.getgroups()
     os.setgroups([*groups, 4242])
@@ -188,24 +192,6 @@ def test_identity_a_thread_that_cannot_take_the_roles_ids_refuses_the_turn(
     monkeypatch.setattr(thread_ids, "acting_as", cannot)
     turn, _ = run(c, ["true"])
     assert _refusal(turn) == ("backend-unavailable", "setresuid: Operation not permitted")
-
-
-def test_identity_setpriv_starts_the_turn_where_no_thread_may_switch(
-    c: httpx.Client, edges: Target, ws: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # A uid with an account, suid_dumpable 1, an unknown machine: setpriv, as before.
-    monkeypatch.setattr(thread_ids, "usable_for", lambda uid: False)
-    groups = os.getgroups()
-    os.setgroups([*groups, 4242])  # the server's supplementary group must not pass
-    try:
-        turn, evs = run(c, ["sh", "-c", "id -u; id -G; touch made"], cwd=str(ws))
-    finally:
-        os.setgroups(groups)
-    uid = _uid(edges.settings)
-    assert turn.exit_code == 0
-    assert output(evs).split() == [str(uid), str(uid)]
-    st = (ws / "made").stat()
-    assert (st.st_uid, st.st_gid) == (uid, uid)
 
 
 def _parent(pid: int) -> int:
