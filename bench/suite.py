@@ -14,6 +14,7 @@ from bench import (
     files,
     latency,
     memory,
+    peer,
     protect_scan,
     resume,
     sessions,
@@ -63,6 +64,7 @@ SECTIONS: dict[str, Callable[[Sizes], str]] = {
     "files": lambda sizes: files.run(sizes.slow_runs),
     "sessions": lambda sizes: sessions.run(sizes.runs),
     "concurrency": lambda sizes: concurrency.run(sizes.slow_runs),
+    "peer": lambda sizes: peer.run(sizes.runs, max(3, sizes.slow_runs // 4)),
     "soak": lambda sizes: soak.run(sizes.soak_minutes),
 }
 ON_REQUEST = frozenset({"soak"})
