@@ -8,7 +8,8 @@ bash. Neither fences the command; paddock's row does. Two loads: ``true``
 the end by each client (against a plain pipe).
 
 Not installed, the section says how to add it and measures nothing:
-``.venv/bin/pip install swe-rex``.
+``.venv/bin/pip install swe-rex aiohttp`` (SWE-ReX's client needs aiohttp, which it
+does not pull in).
 """
 
 from __future__ import annotations
@@ -87,10 +88,10 @@ class Row:
 
 def run(runs: int, output_runs: int) -> str:
     """Both loads through paddock and SWE-ReX, interleaved round by round."""
-    if importlib.util.find_spec("swerex") is None:
+    if any(importlib.util.find_spec(name) is None for name in ("swerex", "aiohttp")):
         return (
-            "Peer: SWE-ReX is not installed here, so its rows are left out "
-            "(add them with `.venv/bin/pip install swe-rex`)."
+            "Peer: SWE-ReX (with aiohttp, which its client needs) is not installed here, so its "
+            "rows are left out (add them with `.venv/bin/pip install swe-rex aiohttp`)."
         )
     with target_process() as target, target.https() as paddock, swerex_server() as rex:
         latency = _latency_rows(paddock, rex)
