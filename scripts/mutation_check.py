@@ -1327,6 +1327,24 @@ MUTATIONS += (
     ),
 )
 
+# --- issue 12: a held path opened by one openat2 that follows no symlink ------------------------
+MUTATIONS += (
+    Mutation(
+        "kernel-open-follows-symlinks",
+        "target_side/fence/nofollow.py",
+        "    how = _OpenHow(HOLD_FLAGS, 0, RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)",
+        "    how = _OpenHow(HOLD_FLAGS, 0, 0)",
+        ("tests/test_nofollow.py -k kernel_refuses or rule_allows",),
+    ),
+    Mutation(
+        "kernel-opened-symlink-kept",
+        "target_side/fence/nofollow.py",
+        "        if stat.S_ISLNK(os.fstat(fd).st_mode):",
+        "        if False:",
+        ("tests/test_nofollow.py -k named or rule_allows",),
+    ),
+)
+
 # --- issue 12: remembered canonical paths, re-checked before they are believed ----------------
 MUTATIONS += (
     Mutation(

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import os
 import platform
 import pwd
@@ -44,12 +43,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from target_side.errors import ThreadIdsError
+from target_side.fence import raw_syscalls
 
-SYSCALLS = {
-    "x86_64": {"setgroups": 116, "setresuid": 117, "setresgid": 119, "capget": 125, "capset": 126},
-    "aarch64": {"setgroups": 159, "setresuid": 147, "setresgid": 149, "capget": 90, "capset": 91},
-}
-"""Numbers of the calls used, per machine (the C library offers no per-thread wrapper)."""
+CALLS = ("setgroups", "setresuid", "setresgid", "capget", "capset")
+"""The calls a switch makes by number (the C library offers no per-thread wrapper)."""
 SUID_DUMPABLE = Path("/proc/sys/fs/suid_dumpable")
 SUID_DUMP_USER = 1
 """The setting under which a process that changed ids stays traceable by its new uid."""
@@ -72,21 +69,10 @@ class _CapData(ctypes.Structure):
     ]
 
 
-@functools.cache
-def _numbers() -> dict[str, int] | None:
-    return SYSCALLS.get(platform.machine())
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    return libc
-
-
 def usable_for(uid: int) -> bool:
     """Whether a turn of ``uid`` may be started by a thread acting as it (see the module)."""
-    if os.getresuid() != (0, 0, 0) or uid == 0 or _numbers() is None:
+    known = all(raw_syscalls.number(name) is not None for name in CALLS)
+    if os.getresuid() != (0, 0, 0) or uid == 0 or not known:
         return False
     return not _has_account(uid) and _suid_dumpable() != SUID_DUMP_USER
 
@@ -139,7 +125,7 @@ def acting_as(uid: int, gid: int) -> Iterator[None]:
 
 
 def _drop_inherited_capabilities() -> None:
-    libc = _libc()
+    libc = raw_syscalls.libc()
     if libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0:
         raise ThreadIdsError(f"clearing ambient capabilities: {os.strerror(ctypes.get_errno())}")
     header = _CapHeader(CAPABILITY_VERSION_3, 0)
@@ -156,12 +142,9 @@ def _set_groups(groups: list[int]) -> None:
 
 
 def _call(name: str, *args: object) -> None:
-    numbers = _numbers()
-    if numbers is None:
-        raise ThreadIdsError(f"no {name} number known for {platform.machine()}")
-    if _libc().syscall(ctypes.c_long(numbers[name]), *[_arg(a) for a in args]) != 0:
-        raise ThreadIdsError(f"{name}: {os.strerror(ctypes.get_errno())}")
-
-
-def _arg(value: object) -> object:
-    return ctypes.c_long(value) if isinstance(value, int) else value
+    try:
+        raw_syscalls.call(name, *args)
+    except LookupError:
+        raise ThreadIdsError(f"no {name} number known for {platform.machine()}") from None
+    except OSError as exc:
+        raise ThreadIdsError(exc.strerror or str(exc)) from None

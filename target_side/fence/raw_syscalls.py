@@ -1,0 +1,68 @@
+"""System calls made by number, where the C library has no wrapper that does what is needed.
+
+``setresuid`` and friends through the C library change every thread's ids at
+once (``thread_ids`` needs one thread's); Python offers no ``openat2``
+(``nofollow`` resolves a whole path with it). The numbers are known per
+machine; on another, ``number`` says None and the caller takes its slower path.
+
+Standard library only: the privileged launcher imports it too (through ``nofollow``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import platform
+
+NUMBERS = {
+    "x86_64": {
+        "setgroups": 116,
+        "setresuid": 117,
+        "setresgid": 119,
+        "capget": 125,
+        "capset": 126,
+        "openat2": 437,
+    },
+    "aarch64": {
+        "setgroups": 159,
+        "setresuid": 147,
+        "setresgid": 149,
+        "capget": 90,
+        "capset": 91,
+        "openat2": 437,
+    },
+}
+"""Numbers of the calls used, per machine."""
+
+
+def number(name: str) -> int | None:
+    """The number of system call ``name`` on this machine, if known."""
+    return NUMBERS.get(platform.machine(), {}).get(name)
+
+
+@functools.cache
+def libc() -> ctypes.CDLL:
+    """The C library, with ``errno`` kept per call (``ctypes.get_errno``)."""
+    found = ctypes.CDLL(None, use_errno=True)
+    found.syscall.restype = ctypes.c_long
+    return found
+
+
+def call(name: str, *args: object) -> int:
+    """System call ``name`` with ``args`` (ints passed as C longs): its result, or ``OSError``.
+
+    ``LookupError`` if its number on this machine is not known.
+    """
+    found = number(name)
+    if found is None:
+        raise LookupError(f"no number known for {name} on {platform.machine()}")
+    result = int(libc().syscall(ctypes.c_long(found), *[_arg(a) for a in args]))
+    if result < 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{name}: {os.strerror(errno)}")
+    return result
+
+
+def _arg(value: object) -> object:
+    return ctypes.c_long(value) if isinstance(value, int) else value
