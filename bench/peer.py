@@ -154,6 +154,7 @@ class Rex:
 def swerex_server() -> Iterator[Rex]:
     """SWE-ReX's server on 127.0.0.1 (a free port, a fresh token), and a client for it."""
     port, token = free_port(), secrets.token_hex(16)
+    rex = Rex(port, token)  # first: a client that cannot be made leaves no server behind
     argv = [PYTHON, "-m", "swerex.server", "--host", "127.0.0.1", "--port", str(port)]
     proc = subprocess.Popen(
         [*argv, "--auth-token", token],
@@ -161,7 +162,6 @@ def swerex_server() -> Iterator[Rex]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    rex = Rex(port, token)
     try:
         wait_for_port(port, proc, timeout=60.0)
         rex.start()
