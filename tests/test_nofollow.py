@@ -44,6 +44,8 @@ def outcome(opener: object, path: str) -> tuple[int, int] | None:
         fd = opener(path)  # type: ignore[operator]
     except PathChanged:
         return None
+    if fd is None:  # the kernel's call alone: it did not open the path
+        return None
     try:
         found = os.fstat(fd)
     finally:
