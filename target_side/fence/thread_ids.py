@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import platform
 import pwd
@@ -71,10 +72,15 @@ class _CapData(ctypes.Structure):
 
 def usable_for(uid: int) -> bool:
     """Whether a turn of ``uid`` may be started by a thread acting as it (see the module)."""
-    known = all(raw_syscalls.number(name) is not None for name in CALLS)
-    if os.getresuid() != (0, 0, 0) or uid == 0 or not known:
+    if os.getresuid() != (0, 0, 0) or uid == 0 or not _calls_known():
         return False
     return not _has_account(uid) and _suid_dumpable() != SUID_DUMP_USER
+
+
+@functools.cache
+def _calls_known() -> bool:
+    # The machine does not change: asked once, not on every turn.
+    return all(raw_syscalls.number(name) is not None for name in CALLS)
 
 
 def _suid_dumpable() -> int:
