@@ -609,9 +609,33 @@ MUTATIONS += (
     Mutation(
         "retry-key-kept-only-in-the-record",
         "target_side/service/turns.py",
-        '        key = {"idempotency": record.stored.idempotency} if record.stored.idempotency else {}',
-        "        key = {}",
-        ("tests/test_ledger_recovery.py -k rebuilt_from_the_ledger",),
+        '    return {"idempotency": key} if key else {}',
+        "    return {}",
+        (
+            "tests/test_ledger_recovery.py -k ended_turn_leaves",
+            "tests/test_sessions.py -k killed_is_lost",
+        ),
+    ),
+    Mutation(
+        "ended-turn-taken-back-as-a-recovery",
+        "target_side/service/turns.py",
+        '        if isinstance(item, Unrecorded) and known is not None and known.kind == "end":',
+        "        if False:",
+        ("tests/test_ledger_recovery.py -k ended_turn_leaves",),
+    ),
+    Mutation(
+        "turn-cut-from-the-ledger-not-rebuilt-from-its-spool",
+        "target_side/service/turns.py",
+        "        elif ended is not None:",
+        "        elif False:",
+        ("tests/test_ledger_recovery.py -k mismatch_in_the_middle",),
+    ),
+    Mutation(
+        "interrupted-turn-ended-without-what-its-last-event-says",
+        "target_side/service/turns.py",
+        "        ended = await _ended_turn(record.spool)\n        if ended is not None:",
+        "        ended = await _ended_turn(record.spool)\n        if False:",
+        ("tests/test_ledger_recovery.py -k mismatch_in_the_middle",),
     ),
     Mutation(
         "end-recorded-before-the-output-is-on-disk",

@@ -1,5 +1,6 @@
 """After a crash: torn tails of the ledger, a spool and a record are cut, kept and recorded;
-a ledger that does not chain in the middle stops the target, and ``ledger repair`` mends it."""
+a ledger that does not chain in the middle stops the target, and ``ledger repair`` mends it.
+A turn leaves its spool on disk and nothing else: the ledger says what became of it."""
 
 from __future__ import annotations
 
@@ -158,8 +159,23 @@ def test_a_mismatch_in_the_middle_stops_the_target_until_repaired(tmp_path: Path
     assert "record 3 does not chain" in last["repair"]["reason"]  # type: ignore[index]
 
     mended = TargetProcess.start(config, url, root / "mended.log")
-    turns.append(_run_one_turn(mended, ["true"]))
-    mended.terminate()
+    try:
+        with mended.client() as c:
+            # The first turn's end line was cut, the second's every line: each one's spool
+            # still ends in an event that says how it ended, usage and all.
+            first_turn, second = (c.get(f"/v1/turns/{t}").json() for t in turns)
+        turns.append(_run_one_turn(mended, ["true"]))
+    finally:
+        mended.terminate()
+    for turn in (first_turn, second):
+        assert (turn["state"], turn["exit_code"]) == ("exited", 0)
+        assert turn["usage"]["wall_s"] > 0
+    rebuilt = {
+        r["turn_id"]: r["record"]["rebuilt_from"]  # type: ignore[index]
+        for r in _records(state)
+        if r["kind"] == "recovery" and "record" in r
+    }
+    assert rebuilt == {turns[0]: "ledger", turns[1]: "spool"}
     ledger.verify(state)
     # The target recorded again the ends the cut took away: every turn it knows has one.
     ended = {r["turn"]["turn_id"] for r in _records(state) if r["kind"] == "end"}  # type: ignore[index]
@@ -181,7 +197,8 @@ def test_torn_spool_tail_and_torn_record_are_cut_kept_and_the_turn_rebuilt(
     *whole, _exit_record = records_on_disk(spool)
     torn_spool = _exit_record[:25]
     spool.write_bytes(b"".join(whole) + torn_spool)
-    torn_record = (turn_dir / "record.json").read_bytes()[:40]
+    # A record as an earlier version wrote one beside the spool, torn by the crash.
+    torn_record = b'{"turn": {"turn_id": "' + turn_id.encode()
     (turn_dir / "record.json").write_bytes(torn_record)
 
     again = TargetProcess.start(config, url, root / "again.log")
@@ -213,9 +230,48 @@ def test_torn_spool_tail_and_torn_record_are_cut_kept_and_the_turn_rebuilt(
     assert ledger.verify(state).count >= 4
 
 
-def test_a_turn_whose_record_missed_its_end_is_ended_as_the_ledger_says(tmp_path: Path) -> None:
-    """The ledger line is the commit point; the record is written after it, lazily: a crash of
-    the machine may leave the record saying ``running`` and the spool without its end."""
+def test_an_ended_turn_leaves_its_spool_alone_and_comes_back_from_the_ledger(
+    tmp_path: Path,
+) -> None:
+    """No file but its spool per turn; a restart takes the turn as the ledger's end line says,
+    with the key of the request that made it, and records no recovery."""
+    root = Path(canonical_path(tmp_path))
+    config, url = write_config(root)
+    state = root / "state"
+    body = {"role": "builder", "argv": ["sh", "-c", "echo hello; exit 3"]}
+    first = TargetProcess.start(config, url, root / "first.log")
+    try:
+        with first.client() as c:
+            made = c.post("/v1/turns", json=body, headers={"Idempotency-Key": "k1"}).json()
+            events(c, made["turn_id"])
+            before = c.get(f"/v1/turns/{made['turn_id']}").json()
+    finally:
+        first.terminate()
+    turn_dir = state / "turns" / made["turn_id"]
+    assert sorted(p.name for p in turn_dir.iterdir()) == ["events.frames"]
+
+    again = TargetProcess.start(config, url, root / "again.log")
+    try:
+        with again.client() as c:
+            after = c.get(f"/v1/turns/{made['turn_id']}").json()
+            retried = c.post("/v1/turns", json=body, headers={"Idempotency-Key": "k1"}).json()
+            evs = events(c, made["turn_id"])
+    finally:
+        again.terminate()
+    assert after == before
+    assert retried == before
+    assert [e.kind for e in evs] == ["started", "stdout", "exit"]
+    assert [r for r in _records(state) if r["kind"] == "recovery"] == []
+    ends = [r for r in _records(state) if r["kind"] == "end"]
+    assert len(ends) == 1  # nothing recorded twice
+    assert sorted(p.name for p in turn_dir.iterdir()) == ["events.frames"]
+
+
+def test_an_earlier_versions_record_that_missed_its_end_is_ended_as_the_ledger_says(
+    tmp_path: Path,
+) -> None:
+    """Earlier versions wrote a record after the ledger's end line, lazily: a crash of the
+    machine could leave it saying ``running`` and the spool without its end."""
     root = Path(canonical_path(tmp_path))
     config, url = write_config(root)
     state = root / "state"
@@ -223,10 +279,9 @@ def test_a_turn_whose_record_missed_its_end_is_ended_as_the_ledger_says(tmp_path
     turn_id = _run_one_turn(first, ["echo", "hello"])
     first.terminate()
     turn_dir = state / "turns" / turn_id
-    record = json.loads((turn_dir / "record.json").read_bytes())
-    ended = dict(record["turn"])
-    record["turn"] = {k: v for k, v in ended.items() if k not in ("exit_code", "ended_at", "usage")}
-    record["turn"]["state"] = "running"
+    (launch,) = [r for r in _records(state) if r["kind"] == "launch"]
+    ended = next(r["turn"] for r in _records(state) if r["kind"] == "end")
+    record = {"turn": launch["turn"], "idempotency": None}
     (turn_dir / "record.json").write_text(json.dumps(record))
     spool = turn_dir / "events.frames"
     *whole, _exit = records_on_disk(spool)
@@ -240,35 +295,11 @@ def test_a_turn_whose_record_missed_its_end_is_ended_as_the_ledger_says(tmp_path
     finally:
         again.terminate()
     assert (turn["state"], turn["exit_code"]) == ("exited", 0)  # not lost: it did end
-    assert turn["usage"] == ended["usage"]
+    assert turn["usage"] == ended["usage"]  # type: ignore[index]
     assert [e.kind for e in evs] == ["started", "stdout", "exit"]
     assert evs[-1].exit_code == 0  # type: ignore[union-attr]
-    assert json.loads((turn_dir / "record.json").read_bytes())["turn"]["state"] == "exited"
     ends = [r for r in _records(state) if r["kind"] == "end" and r["turn"]["turn_id"] == turn_id]  # type: ignore[index]
     assert len(ends) == 1  # the ledger had it already: nothing recorded twice
-
-
-def test_a_retried_request_finds_its_turn_rebuilt_from_the_ledger(tmp_path: Path) -> None:
-    root = Path(canonical_path(tmp_path))
-    config, url = write_config(root)
-    state = root / "state"
-    body = {"role": "builder", "argv": ["true"]}
-    key = {"Idempotency-Key": "asked-before-the-crash"}
-    first = TargetProcess.start(config, url, root / "first.log")
-    with first.client() as c:
-        turn_id = c.post("/v1/turns", json=body, headers=key).json()["turn_id"]
-        events(c, turn_id)
-    first.terminate()
-    (state / "turns" / turn_id / "record.json").unlink()  # never reached the disk
-
-    again = TargetProcess.start(config, url, root / "again.log")
-    try:
-        with again.client() as c:
-            retried = c.post("/v1/turns", json=body, headers=key).json()
-    finally:
-        again.terminate()
-    assert retried["turn_id"] == turn_id
-    assert retried["state"] == "exited"
 
 
 def test_the_head_is_overwritten_in_place_not_replaced(tmp_path: Path) -> None:

@@ -614,10 +614,9 @@ def test_session_open_when_the_target_is_killed_is_lost(tmp_path: Path) -> None:
         with server.client() as c:
             opened = Session.model_validate(c.post("/v1/sessions", json={"role": "builder"}).json())
             assert opened.state == "open"
-            turn = c.post(
-                "/v1/turns",
-                json={"role": "builder", "argv": ["sleep", marker], "session": opened.session_id},
-            ).json()
+            turn_body = {"role": "builder", "argv": ["sleep", marker], "session": opened.session_id}
+            key = {"Idempotency-Key": "asked-before-the-crash"}
+            turn = c.post("/v1/turns", json=turn_body, headers=key).json()
             assert wait_until(lambda: bool(host_processes_with(f"sleep\x00{marker}")))
             server.proc.kill()  # no stop, no record of the end: a crash
             server.proc.wait()
@@ -630,6 +629,8 @@ def test_session_open_when_the_target_is_killed_is_lost(tmp_path: Path) -> None:
         with server.client() as c:
             lost = Session.model_validate(c.get(f"/v1/sessions/{opened.session_id}").json())
             again = c.get(f"/v1/turns/{turn['turn_id']}").json()
+            # Its launch line kept the key: a retry finds the turn, not a dead session.
+            retried = c.post("/v1/turns", json=turn_body, headers=key)
             refused = c.post(
                 "/v1/turns",
                 json={"role": "builder", "argv": ["true"], "session": opened.session_id},
@@ -639,6 +640,7 @@ def test_session_open_when_the_target_is_killed_is_lost(tmp_path: Path) -> None:
     assert lost.state == "lost"
     assert lost.ended is not None and "restarted" in lost.ended
     assert again["state"] == "lost"
+    assert (retried.status_code, retried.json()["turn_id"]) == (201, turn["turn_id"])
     assert refused.status_code == 409
 
 

@@ -1,18 +1,19 @@
-"""Turns on disk: one directory per turn, holding its record and its event spool.
+"""Turns on disk: one directory per turn, holding its event spool.
 
-``STATE/turns/TURN/record.json`` is the ended turn and ``events.frames`` its
-spool (``events.jsonl`` for a turn spooled before frames). A restarted target
-reads them back, so a turn outlives the process that ran it, as output at least.
-The ledger is the turn's commit point: a running turn has no record (its
-``launch`` line holds all one would say), an ended turn's record is written after
-its ``end`` line, without waiting for the disk, and a restarted target believes
-the ledger over a record that missed the turn's end.
+``STATE/turns/TURN/events.frames`` is the turn's spool (``events.jsonl`` for
+a turn spooled before frames). A restarted target reads the spools back, so a
+turn outlives the process that ran it, as output at least. What the turn was
+(its state, exit status, usage, the key of the request that made it) is in
+the ledger, the turn's commit point: its ``launch`` line and its ``end`` line.
+No other file is written per turn: a record of the ended turn would say
+nothing the end line does not, and would cost a new file on every turn.
 
-A record is replaced through a temporary file and a rename, so a crash leaves
-the old record or the new one; what it can leave besides is the temporary file
-(removed at start: it is an unfinished write), or, after a crash of the
-machine itself, a record that does not parse. That one is kept aside
-(``record.json.torn-STAMP``) for the target to rebuild the turn from the ledger.
+Targets of earlier versions wrote ``record.json`` beside the spool (replaced
+through a temporary file and a rename). Such records are still read, and
+believed as far as the ledger agrees; a temporary file a crash left is
+removed, and a record that does not parse is kept aside
+(``record.json.torn-STAMP``) for the target to rebuild the turn from the
+ledger.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from shared.wire import Turn, is_turn_id
-from target_side.safe_files import write_atomic
 from target_side.service.spool import FRAMES, LINES
 from target_side.service.tails import stamp
 
@@ -64,13 +64,9 @@ class TurnStore:
         legacy = self.dir(turn_id) / LINES
         return legacy if legacy.exists() else self.dir(turn_id) / FRAMES
 
-    def save(self, stored: StoredTurn) -> None:
-        directory = self.dir(stored.turn.turn_id)
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        write_atomic(directory / RECORD, stored.model_dump_json().encode(), durable=False)
-
-    def load_all(self) -> Iterator[StoredTurn | Unreadable]:
-        """Every turn on disk: its record, or what became of a record that does not parse."""
+    def load_all(self) -> Iterator[StoredTurn | Unreadable | Unrecorded]:
+        """Every turn on disk: just its id (the ledger holds the rest), or the record an
+        earlier version wrote, or what became of such a record that does not parse."""
         if not self.root.is_dir():
             return
         for directory in sorted(self.root.iterdir()):
@@ -80,6 +76,8 @@ class TurnStore:
             path = directory / RECORD
             try:
                 yield StoredTurn.model_validate_json(path.read_bytes())
+            except FileNotFoundError:
+                yield Unrecorded(turn_id=directory.name)
             except (OSError, ValidationError) as exc:
                 yield _set_aside(directory.name, path, exc)
 
@@ -97,8 +95,14 @@ class TurnStore:
             shutil.rmtree(self.dir(turn_id))
 
 
+class Unrecorded(BaseModel):
+    """A turn with only its spool on disk, as every turn now is: the ledger says the rest."""
+
+    turn_id: str
+
+
 class Unreadable(BaseModel):
-    """A turn whose record did not parse; the record is kept aside under ``kept``."""
+    """A turn whose record (an earlier version's) did not parse; kept aside under ``kept``."""
 
     turn_id: str
     kept: str | None
@@ -106,10 +110,6 @@ class Unreadable(BaseModel):
 
 
 def _set_aside(turn_id: str, path: Path, exc: Exception) -> Unreadable:
-    if isinstance(exc, FileNotFoundError):
-        # The usual case after a crash: the turn was running (or never launched).
-        log.info("turn %s: no record (it had not ended); rebuilt from the ledger if there", turn_id)
-        return Unreadable(turn_id=turn_id, kept=None, reason="no record: the turn had not ended")
     reason = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
     kept = None
     kept_path = path.with_name(f"{RECORD}.torn-{stamp()}")

@@ -77,7 +77,7 @@ from target_side.service.ledger import Latest, Ledger
 from target_side.service.sessions import SessionManager
 from target_side.service.spool import EventSpool, now
 from target_side.service.state_lock import StateLock
-from target_side.service.store import StoredTurn, TurnStore, Unreadable, expired
+from target_side.service.store import StoredTurn, TurnStore, Unreadable, Unrecorded, expired
 
 log = logging.getLogger("paddock.target")
 
@@ -112,9 +112,6 @@ class TurnRecord:
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     admitted: bool = False
     """Counted against the caps on running turns until it ends."""
-    dirty: bool = False
-    """Its record on disk is older than this one (not written yet, or the disk refused it)."""
-    saving: asyncio.Task[None] | None = field(default=None, repr=False)
     stopped: str | None = None
     """Why the target, stopping, killed it (not anything of its own); said in a notice."""
 
@@ -209,7 +206,7 @@ class TurnManager:
         try:
             found = await asyncio.to_thread(lambda: list(self.store.load_all()))
             self._ledger = await asyncio.to_thread(Ledger, root)
-            ids = {f.turn_id if isinstance(f, Unreadable) else f.turn.turn_id for f in found}
+            ids = {f.turn.turn_id if isinstance(f, StoredTurn) else f.turn_id for f in found}
             latest = await asyncio.to_thread(self.ledger.latest_turns, ids)
             for item in found:
                 await self._take_back(item, latest)
@@ -231,61 +228,72 @@ class TurnManager:
         self._check_low_water()
         self._watch = asyncio.create_task(self._watch_disk())
 
-    async def _take_back(self, item: StoredTurn | Unreadable, latest: dict[str, Latest]) -> None:
-        if isinstance(item, StoredTurn):
-            known = latest.get(item.turn.turn_id)
-            if known is not None and known.kind == "end" and not item.turn.finished:
-                # Its end is in the ledger, the commit point; the record, written after, missed it.
-                turn = Turn.model_validate(known.turn)
-                await self._recover(item.model_copy(update={"turn": turn}), known, rebuilt=True)
-                return
-            await self._recover(item, known)
-            return
-        known = latest.get(item.turn_id)
-        facts: dict[str, Any] = {"reason": item.reason, "kept": item.kept}
-        if known is None:
-            # Never launched (a crash while it was being built): nothing to rebuild it from.
-            moved = await asyncio.to_thread(self.store.move_to_lost_and_found, item.turn_id)
-            facts["moved_to"] = str(moved.relative_to(self.settings.state_root))
-            await self._ledger_append("recovery", turn_id=item.turn_id, record=facts)
-            return
-        facts["rebuilt_from"] = "ledger"
-        await self._ledger_append("recovery", turn_id=item.turn_id, record=facts)
-        stored = StoredTurn(turn=Turn.model_validate(known.turn), idempotency=known.idempotency)
-        await self._recover(stored, known, rebuilt=True)
-
-    async def _recover(
-        self,
-        stored: StoredTurn,
-        known: Latest | None,
-        rebuilt: bool = False,
+    async def _take_back(
+        self, item: StoredTurn | Unreadable | Unrecorded, latest: dict[str, Latest]
     ) -> None:
-        turn_id = stored.turn.turn_id
+        turn_id = item.turn.turn_id if isinstance(item, StoredTurn) else item.turn_id
+        known = latest.get(turn_id)
         spool = EventSpool(self.store.spool_path(turn_id), self._storage_failed)
-        record = TurnRecord(stored, spool, dirty=rebuilt)
-        self._turns[turn_id] = record
-        if stored.idempotency:
-            self._idempotency[stored.idempotency] = turn_id
         if spool.cut is not None:
             cut = spool.cut.facts() | {"file": f"turns/{turn_id}/{spool.cut.file}"}
             await self._ledger_append("recovery", turn_id=turn_id, cut=cut)
+        if isinstance(item, StoredTurn):
+            # A record an earlier version wrote: believed as far as the ledger agrees.
+            if known is not None and known.kind == "end" and not item.turn.finished:
+                # Its end is in the ledger, the commit point; the record, written after, missed it.
+                item = item.model_copy(update={"turn": Turn.model_validate(known.turn)})
+            await self._recover(item, spool, known)
+            return
+        if isinstance(item, Unrecorded) and known is not None and known.kind == "end":
+            # The usual: the ledger's end line is the turn as it ended; nothing to recover.
+            await self._recover(_from_ledger(known), spool, known)
+            return
+        facts: dict[str, Any] = (
+            {"reason": "no end in the ledger"}
+            if isinstance(item, Unrecorded)
+            else {"reason": item.reason, "kept": item.kept}
+        )
+        ended = await _ended_turn(spool)
+        if known is not None:
+            stored, facts["rebuilt_from"] = _from_ledger(known), "ledger"
+        elif ended is not None:
+            # Its lines were cut from the ledger (a repair): its last event says how it ended.
+            stored, facts["rebuilt_from"] = StoredTurn(turn=ended), "spool"
+        else:
+            # Never launched (a crash while it was being built): nothing to rebuild it from.
+            spool.close()
+            moved = await asyncio.to_thread(self.store.move_to_lost_and_found, turn_id)
+            facts["moved_to"] = str(moved.relative_to(self.settings.state_root))
+            await self._ledger_append("recovery", turn_id=turn_id, record=facts)
+            return
+        await self._ledger_append("recovery", turn_id=turn_id, record=facts)
+        await self._recover(stored, spool, known)
+
+    async def _recover(self, stored: StoredTurn, spool: EventSpool, known: Latest | None) -> None:
+        turn_id = stored.turn.turn_id
+        record = TurnRecord(stored, spool)
+        self._turns[turn_id] = record
+        if stored.idempotency:
+            self._idempotency[stored.idempotency] = turn_id
         interrupted = stored.turn.state == "running"
         if interrupted:
             await self._end_interrupted(record)
         elif not spool.finished:
-            _append_terminal(record)  # stopped between the record and the event
-        if record.dirty:
-            await self._persist(record)
+            _append_terminal(record)  # stopped between the ledger's end and the event
         # An end the ledger lacks (held when the disk was full, or cut by a repair) is recorded.
         if interrupted or known is None or known.kind != "end":
             await self._ledger_append("end", turn=_turn_json(record.turn))
 
     async def _end_interrupted(self, record: TurnRecord) -> None:
         """A turn running when the target stopped: ended as its spool says, else lost."""
-        record.dirty = True
+        ended = await _ended_turn(record.spool)
+        if ended is not None:
+            # It ended, and only the ledger missed it: its last event is the turn as it ended.
+            record.stored = record.stored.model_copy(update={"turn": ended})
+            return
         terminal = await record.spool.terminal()
         if isinstance(terminal, ExitEvent):
-            # It ended, and only its record missed it (a full disk, a crash between writes).
+            # It ended, and only the ledger missed it (a full disk, a crash between writes).
             record.update(
                 state="exited",
                 exit_code=terminal.exit_code,
@@ -452,8 +460,8 @@ class TurnManager:
             started = await start(record)
             record.running = started.running
             record.update(started_at=now())
-            await self._persist(record)
-            await self._ledger_append("launch", turn=_turn_json(record.turn), **started.facts)
+            facts = started.facts | _key_facts(record)
+            await self._ledger_append("launch", turn=_turn_json(record.turn), **facts)
             record.spool.append_kept("started")
             await started.begin()
             record.task = asyncio.create_task(self._follow(record, started.plan, started.ended))
@@ -529,8 +537,7 @@ class TurnManager:
         # The commit point of the turn's start (while bubblewrap sets up). No record is
         # written for a running turn: this line says all it would, and a restart rebuilds
         # the turn from it; the record is written once, when the turn ends.
-        key = {"idempotency": record.stored.idempotency} if record.stored.idempotency else {}
-        facts = _launch_facts(plan) | key
+        facts = _launch_facts(plan) | _key_facts(record)
         await self._ledger_append("launch", turn=_turn_json(record.turn), **facts)
         record.spool.append_kept("started", executable=plan.executable)
         record.task = asyncio.create_task(self._follow(record, plan))
@@ -619,7 +626,6 @@ class TurnManager:
             end = _turn_json(record.turn)
             await self._ledger_append("end", turn=end, before=record.spool.sync, **facts)
             _append_terminal(record)
-            self._save_soon(record)
         finally:
             # Counted until recorded: a stopping target waits for exactly this.
             if record.admitted:
@@ -649,32 +655,6 @@ class TurnManager:
             self.board.recover("turns-failing")
 
     # --- the state disk ------------------------------------------------------------------------
-
-    def _save_soon(self, record: TurnRecord) -> None:
-        """Write the turn's record in the background: nobody waits for it (the ledger is the
-        commit point, and the record is rebuilt from it after a crash)."""
-        record.dirty = True
-        if record.saving is None or record.saving.done():
-            record.saving = asyncio.create_task(self._save_while_dirty(record))
-
-    async def _save_while_dirty(self, record: TurnRecord) -> None:
-        while record.dirty and self._disk_failure is None:
-            if not await self._persist(record):
-                return
-
-    async def _persist(self, record: TurnRecord) -> bool:
-        """Save the turn's record; False (and ``dirty``) if the disk refused it."""
-        record.dirty = False
-        try:
-            await asyncio.to_thread(self.store.save, record.stored)
-        except OSError as exc:
-            record.dirty = True
-            self._storage_failed(
-                StorageError(f"the record of turn {record.turn.turn_id}: {exc.strerror or exc}")
-            )
-            return False
-        record.dirty = False
-        return True
 
     async def _ledger_append(
         self, kind: str, *, before: Callable[[], object] | None = None, **fields: Any
@@ -721,9 +701,6 @@ class TurnManager:
             return
         written = await self.ledger.flush()
         for record in list(self._turns.values()):
-            # The record before its held events: a restart believes the spool over the record.
-            if record.dirty:
-                written = await self._persist(record) and written
             if record.spool.held:
                 written = record.spool.flush_held() and written
         written = await self.sessions.flush() and written
@@ -844,16 +821,9 @@ class TurnManager:
         gone = [
             r
             for r in self._turns.values()
-            if r.running is None
-            and not (r.dirty or r.spool.held)
-            and expired(r.turn, moment, retention)
+            if r.running is None and not r.spool.held and expired(r.turn, moment, retention)
         ]
         for record in gone:
-            if record.saving is not None:
-                # Its record may still be on its way to disk: that write would make the
-                # turn's directory again after its removal.
-                with contextlib.suppress(Exception):
-                    await record.saving
             del self._turns[record.turn.turn_id]
             if record.stored.idempotency:
                 self._idempotency.pop(record.stored.idempotency, None)
@@ -905,9 +875,6 @@ class TurnManager:
                 tasks.append(record.task)
         with contextlib.suppress(Exception):
             await asyncio.gather(*tasks)
-        saving = [r.saving for r in self._turns.values() if r.saving is not None]
-        with contextlib.suppress(Exception):
-            await asyncio.gather(*saving)
         await self.sessions.shutdown()
         if self._ledger is not None and self._disk_failure is not None:
             with contextlib.suppress(Exception):
@@ -982,6 +949,26 @@ def _idempotency_digest(role: str, key: str | None) -> str | None:
 
 def _turn_json(turn: Turn) -> dict[str, Any]:
     return turn.model_dump(mode="json", exclude_none=True)
+
+
+def _key_facts(record: TurnRecord) -> dict[str, str]:
+    """What a launch line keeps for a retried request to find the turn after a restart."""
+    key = record.stored.idempotency
+    return {"idempotency": key} if key else {}
+
+
+async def _ended_turn(spool: EventSpool) -> Turn | None:
+    """The turn as its terminal event says it ended; None if it has none (or an older
+    target wrote it without the turn)."""
+    terminal = await spool.terminal()
+    if isinstance(terminal, ExitEvent | RefusedEvent):
+        return terminal.turn
+    return None
+
+
+def _from_ledger(known: Latest) -> StoredTurn:
+    """The turn as the ledger last said it, with the key its launch line kept."""
+    return StoredTurn(turn=Turn.model_validate(known.turn), idempotency=known.idempotency)
 
 
 def _launch_facts(plan: FencePlan) -> dict[str, Any]:
