@@ -181,7 +181,7 @@ def run(runs: int, slow_runs: int) -> str:
             _client_row("paddock client, target process", separate_client, splits),
             _events_to_end_row(stack.enter_context(separate.client())),
             *_http_floor_rows(separate, stack.enter_context(separate.client())),
-            _api_row(API_HTTPS, stack.enter_context(separate.https()), "keyed submit+follow+GET"),
+            _api_row(API_HTTPS, stack.enter_context(separate.https()), "keyed submit + follow"),
             _cli_row(CLI_COLD, separate, ["--no-mux"], "in-process: imports, TLS, turn"),
             _cli_row(
                 CLI_STARTING,
@@ -371,7 +371,8 @@ def _ssh_rows(stack: contextlib.ExitStack, target: TargetInfo) -> list[Row]:
 
 
 def _api_row(name: str, target: Target, note: str) -> Row:
-    """``Target.run(["true"])``: what agent code calls (idempotent submit, follow, final GET)."""
+    """``Target.run(["true"])``: what agent code calls (an idempotent submit, then follow to
+    the exit event, which carries the ended turn)."""
     target.health()
 
     def one_turn() -> None:
