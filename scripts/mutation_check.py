@@ -626,7 +626,7 @@ MUTATIONS += (
     Mutation(
         "turn-cut-from-the-ledger-not-rebuilt-from-its-spool",
         "target_side/service/turns.py",
-        "        elif ended is not None:",
+        "        elif (ended := await _ended_turn(spool)) is not None:",
         "        elif False:",
         ("tests/test_ledger_recovery.py -k mismatch_in_the_middle",),
     ),

@@ -253,10 +253,9 @@ class TurnManager:
             if isinstance(item, Unrecorded)
             else {"reason": item.reason, "kept": item.kept}
         )
-        ended = await _ended_turn(spool)
         if known is not None:
             stored, facts["rebuilt_from"] = _from_ledger(known), "ledger"
-        elif ended is not None:
+        elif (ended := await _ended_turn(spool)) is not None:
             # Its lines were cut from the ledger (a repair): its last event says how it ended.
             stored, facts["rebuilt_from"] = StoredTurn(turn=ended), "spool"
         else:
@@ -534,9 +533,8 @@ class TurnManager:
         running = await self._spawn(bwrap, plan, record.spool)
         record.running = running
         record.update(started_at=now(), executable=plan.executable)
-        # The commit point of the turn's start (while bubblewrap sets up). No record is
-        # written for a running turn: this line says all it would, and a restart rebuilds
-        # the turn from it; the record is written once, when the turn ends.
+        # The commit point of the turn's start (while bubblewrap sets up). No file is written
+        # for the turn besides its spool: this line, and its end line, say all one would.
         facts = _launch_facts(plan) | _key_facts(record)
         await self._ledger_append("launch", turn=_turn_json(record.turn), **facts)
         record.spool.append_kept("started", executable=plan.executable)
