@@ -1,0 +1,225 @@
+"""Two versions of paddock on this machine, measured in alternation: did a change make a turn
+cheaper, or only this run luckier?
+
+    .venv/bin/python bench/compare.py BASE [NEW] [--rounds N]
+
+``BASE`` and ``NEW`` are git revisions; ``NEW`` defaults to the working tree as it
+is. Each revision gets a checkout of its own (a detached git worktree, removed
+afterwards) and a target process of its own, started once. Then the rounds
+alternate between the two, so that the machine's drift, and the state of its
+disk, fall on both alike. One round, on one side:
+
+- 100 sequential ``true`` turns (``TargetClient`` submit and follow): their p50,
+  and the target's CPU per turn (user + system, from ``/proc``);
+- 200 concurrent ``sleep 1`` turns, each from its own thread and connection: the
+  wall from the first submission to the last exit.
+
+Printed: for each figure, each side's median over the rounds, its range, and
+NEW over BASE. On a machine whose runs of the same code differ by a tenth, a
+difference smaller than the ranges' overlap is not one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SEQUENTIAL = 100
+BURST = 200
+FIGURES = (
+    ("true_p50_ms", "`true` turn p50 (ms)"),
+    ("cpu_per_turn_ms", "target CPU per `true` turn (ms)"),
+    ("burst_s", f"{BURST} concurrent `sleep 1` (s)"),
+)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "base", nargs="?", help="the revision to compare against (a commit, a tag, HEAD~1)"
+    )
+    parser.add_argument("new", nargs="?", help="the revision to measure (default: working tree)")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds on each side (default 6)")
+    parser.add_argument("--side", help=argparse.SUPPRESS)  # a side's own process (internal)
+    args = parser.parse_args()
+    if args.side:
+        return _serve_rounds(Path(args.side))
+    if args.base is None:
+        parser.error("name the revision to compare against, e.g. HEAD~1")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    with _checkout(args.base) as base, _checkout(args.new) as new:
+        results = _alternate({"base": base, "new": new}, args.rounds)
+    print(_report(args.base, args.new or "working tree", results))
+    return 0
+
+
+@contextlib.contextmanager
+def _checkout(revision: str | None) -> Iterator[Path]:
+    """A detached worktree of ``revision``, removed afterwards; the working tree for None."""
+    if revision is None:
+        yield ROOT
+        return
+    place = Path(tempfile.mkdtemp(prefix="paddock-compare-"))
+    made = subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(place), revision],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if made.returncode != 0:
+        place.rmdir()
+        sys.exit(f"compare: cannot check out {revision!r}: {made.stderr.strip()}")
+    try:
+        yield place
+    finally:
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(place)],
+            capture_output=True,
+            check=False,
+        )
+
+
+def _alternate(sides: dict[str, Path], rounds: int) -> dict[str, list[dict[str, float]]]:
+    """Each side's process started, then one round on each in turn, ``rounds`` times."""
+    procs: dict[str, subprocess.Popen[str]] = {}
+    try:
+        for name, place in sides.items():
+            procs[name] = subprocess.Popen(
+                [sys.executable, str(Path(__file__).resolve()), "--side", str(place)],
+                cwd=place,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            _expect(procs[name], name, "ready")
+        results: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
+        for number in range(1, rounds + 1):
+            for name, proc in procs.items():
+                assert proc.stdin is not None
+                proc.stdin.write("go\n")
+                proc.stdin.flush()
+                results[name].append(json.loads(_expect(proc, name, "")))
+            print(f"round {number} of {rounds} done", file=sys.stderr)
+        return results
+    finally:
+        for proc in procs.values():
+            with contextlib.suppress(OSError):
+                if proc.stdin is not None:
+                    proc.stdin.close()
+            proc.wait()
+
+
+def _expect(proc: subprocess.Popen[str], name: str, start: str) -> str:
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith(start) or not line.strip():
+        sys.exit(f"compare: the {name} side stopped (it said {line!r}); see its output above")
+    return line
+
+
+def _report(base: str, new: str, results: dict[str, list[dict[str, float]]]) -> str:
+    rounds = len(results["base"])
+    title = f"{new} against {base}: medians of {rounds} alternated rounds (min-max)"
+    rows = [title, "-" * len(title)]
+    for key, label in FIGURES:
+        old = [r[key] for r in results["base"]]
+        now = [r[key] for r in results["new"]]
+        ratio = statistics.median(now) / statistics.median(old)
+        rows.append(f"{label:34s} base {_spread(old)}   new {_spread(now)}   new/base {ratio:.2f}x")
+    return "\n".join(rows)
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):7.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+# --- one side: its own target, measured on request ------------------------------------------
+
+
+def _serve_rounds(place: Path) -> int:
+    """Run in ``place``'s checkout: a target process, then one round per line on stdin."""
+    sys.path.insert(0, str(place))
+    from bench.targets import ROLE, target_process  # that revision's own
+    from shared.wire import TurnRequest
+
+    with target_process() as target:
+        client = target.client()
+        client.health()
+        for _ in range(10):  # warm: imports, the curated /etc, the first connections
+            _run(client, TurnRequest(role=ROLE, argv=["true"]))
+        print("ready", flush=True)
+        for _ in sys.stdin:
+            figures = _sequential(target.pid, client, TurnRequest(role=ROLE, argv=["true"]))
+            figures["burst_s"] = _burst(target, TurnRequest(role=ROLE, argv=["sleep", "1"]))
+            print(json.dumps(figures), flush=True)
+    return 0
+
+
+# The side's own modules, imported from its checkout: typed loosely here on purpose.
+def _run(client: Any, request: Any) -> None:
+    turn = client.submit(request)
+    for _ in client.follow(turn.turn_id):
+        pass
+
+
+def _sequential(pid: int, client: Any, request: Any) -> dict[str, float]:
+    times = []
+    used = _cpu_s(pid)
+    for _ in range(SEQUENTIAL):
+        started = time.perf_counter()
+        _run(client, request)
+        times.append(time.perf_counter() - started)
+    per_turn = (_cpu_s(pid) - used) / SEQUENTIAL
+    return {"true_p50_ms": statistics.median(times) * 1000, "cpu_per_turn_ms": per_turn * 1000}
+
+
+def _burst(target: Any, request: Any) -> float:
+    clients = [target.client() for _ in range(BURST)]
+    failures: list[BaseException] = []
+
+    def one(client: Any) -> None:
+        try:
+            _run(client, request)
+        except BaseException as exc:
+            failures.append(exc)
+
+    try:
+        for client in clients:
+            client.health()
+        threads = [threading.Thread(target=one, args=(c,)) for c in clients]
+        started = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        wall = time.perf_counter() - started
+    finally:
+        for client in clients:
+            client.close()
+    if failures:
+        # A burst with a failed turn measures something else: no figure at all.
+        raise SystemExit(f"{len(failures)} of {BURST} turns failed, the first: {failures[0]!r}")
+    return wall
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU of ``pid`` (all its threads), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
