@@ -553,7 +553,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "ledger-head-replaced-per-record",
         "target_side/service/ledger.py",
         "                self._head.write(count, last)",
-        "                write_atomic(self.head_path, _head_bytes(count, last), durable=False)",
+        "                write_atomic(self.head_path, _head_bytes(count, last))",
         ("tests/test_ledger_recovery.py -k in_place",),
     ),
     Mutation(

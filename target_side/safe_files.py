@@ -79,12 +79,9 @@ def _check_opened(path: Path, st: os.stat_result, allow_group_read: bool) -> Non
         )
 
 
-def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
-    """Replace ``path`` with ``data``: private temp, fchmod 0600, fsync, identity check, rename.
-
-    ``durable=False`` skips both fsyncs, for a file rebuilt from another after a crash of
-    the machine (a turn's record, the ledger's head): still old or new, never half.
-    """
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data``: private temp, fchmod 0600, fsync, identity check, rename,
+    and the directory synced: after a crash of the machine, the old file or the new one."""
     check_ancestors(path)
     directory = path.parent
     temp = directory / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
@@ -92,8 +89,7 @@ def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
     try:
         os.fchmod(fd, 0o600)  # the umask could only narrow 0600, but say it outright
         _write_all(fd, data)
-        if durable:
-            os.fsync(fd)
+        os.fsync(fd)
         written = os.fstat(fd)
         named = os.lstat(temp)
         if (named.st_dev, named.st_ino) != (written.st_dev, written.st_ino):
@@ -104,8 +100,7 @@ def write_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
         raise
     finally:
         os.close(fd)
-    if durable:
-        fsync_dir(directory)
+    fsync_dir(directory)
 
 
 def _write_all(fd: int, data: bytes) -> None:
