@@ -168,11 +168,16 @@ def _serve_rounds(place: Path) -> int:
     return 0
 
 
-# The side's own modules, imported from its checkout: typed loosely here on purpose.
+# The side's own modules, imported from its checkout, so this file does not import them (nor
+# reuse `concurrency`'s burst, whose shape an older revision need not share): typed loosely.
 def _run(client: Any, request: Any) -> None:
+    """One turn to its end; one that did not exit 0 is not a sample: the side stops, saying so."""
     turn = client.submit(request)
-    for _ in client.follow(turn.turn_id):
-        pass
+    last = None
+    for event in client.follow(turn.turn_id):
+        last = event
+    if getattr(last, "kind", None) != "exit" or getattr(last, "exit_code", None) != 0:
+        raise SystemExit(f"compare: turn {turn.turn_id} ended with {last!r}; nothing timed")
 
 
 def _sequential(pid: int, client: Any, request: Any) -> dict[str, float]:

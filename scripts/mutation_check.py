@@ -626,15 +626,15 @@ MUTATIONS += (
     Mutation(
         "turn-cut-from-the-ledger-not-rebuilt-from-its-spool",
         "target_side/service/turns.py",
-        "        elif (ended := await _ended_turn(spool)) is not None:",
+        "        elif (ended := _turn_of(await spool.terminal())) is not None:",
         "        elif False:",
         ("tests/test_ledger_recovery.py -k mismatch_in_the_middle",),
     ),
     Mutation(
         "interrupted-turn-ended-without-what-its-last-event-says",
         "target_side/service/turns.py",
-        "        ended = await _ended_turn(record.spool)\n        if ended is not None:",
-        "        ended = await _ended_turn(record.spool)\n        if False:",
+        "        ended = _turn_of(terminal)\n        if ended is not None:",
+        "        ended = _turn_of(terminal)\n        if False:",
         ("tests/test_ledger_recovery.py -k mismatch_in_the_middle",),
     ),
     Mutation(

@@ -59,8 +59,8 @@ def call(name: str, *args: object) -> int:
         raise LookupError(f"no number known for {name} on {platform.machine()}")
     result = int(libc().syscall(ctypes.c_long(found), *[_arg(a) for a in args]))
     if result < 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"{name}: {os.strerror(errno)}")
+        code = ctypes.get_errno()
+        raise OSError(code, f"{name}: {os.strerror(code)}")
     return result
 
 

@@ -36,6 +36,7 @@ from typing import Any
 
 from shared.exit_status import ExitStatus, for_signal
 from shared.wire import (
+    Event,
     ExitEvent,
     FenceView,
     PlannedMount,
@@ -255,7 +256,7 @@ class TurnManager:
         )
         if known is not None:
             stored, facts["rebuilt_from"] = _from_ledger(known), "ledger"
-        elif (ended := await _ended_turn(spool)) is not None:
+        elif (ended := _turn_of(await spool.terminal())) is not None:
             # Its lines were cut from the ledger (a repair): its last event says how it ended.
             stored, facts["rebuilt_from"] = StoredTurn(turn=ended), "spool"
         else:
@@ -285,14 +286,14 @@ class TurnManager:
 
     async def _end_interrupted(self, record: TurnRecord) -> None:
         """A turn running when the target stopped: ended as its spool says, else lost."""
-        ended = await _ended_turn(record.spool)
+        terminal = await record.spool.terminal()
+        ended = _turn_of(terminal)
         if ended is not None:
             # It ended, and only the ledger missed it: its last event is the turn as it ended.
             record.stored = record.stored.model_copy(update={"turn": ended})
             return
-        terminal = await record.spool.terminal()
         if isinstance(terminal, ExitEvent):
-            # It ended, and only the ledger missed it (a full disk, a crash between writes).
+            # The same, said by an older target's terminal event, which lacks the turn.
             record.update(
                 state="exited",
                 exit_code=terminal.exit_code,
@@ -955,10 +956,9 @@ def _key_facts(record: TurnRecord) -> dict[str, str]:
     return {"idempotency": key} if key else {}
 
 
-async def _ended_turn(spool: EventSpool) -> Turn | None:
-    """The turn as its terminal event says it ended; None if it has none (or an older
-    target wrote it without the turn)."""
-    terminal = await spool.terminal()
+def _turn_of(terminal: Event | None) -> Turn | None:
+    """The turn as its terminal event says it ended; None without one (or from an older
+    target, which wrote it without the turn)."""
     if isinstance(terminal, ExitEvent | RefusedEvent):
         return terminal.turn
     return None
