@@ -262,10 +262,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "turn-not-placed-in-its-cgroups",
-        "target_side/fence/identity.py",
-        "            await asyncio.to_thread(limits.place, pid)",
-        "            pass",
-        ("tests/test_nursery.py -k without_a_worker_is_placed",),
+        "target_side/fence/gate.py",
+        "                self._limits.place(pid)",
+        "                pass",
+        ("tests/test_nursery.py -k without_a_worker_is_placed or placed_after_it_started",),
     ),
     Mutation(
         # The fork-bomb test refuses to launch its bomb unless the pids limit is seen to hold.
@@ -587,6 +587,24 @@ MUTATIONS += (
         '                (slot / "tasks").write_text(f"{tid}\\n")',
         "                pass",
         ("tests/test_limits.py::test_pids_limit_is_exactly_the_turns_own",),
+    ),
+    Mutation(
+        "gate-opened-before-the-turn-is-placed",
+        "target_side/fence/gate.py",
+        "            if self._limits is not None:\n                self._limits.place(pid)",
+        '            os.write(self._block, b"\\0")\n'
+        "            if self._limits is not None:\n                self._limits.place(pid)",
+        ("tests/test_nursery.py -k placed_after_it_started",),
+    ),
+    Mutation(
+        "gate-opened-when-the-limits-failed",
+        "target_side/fence/gate.py",
+        "            with contextlib.suppress(OSError):\n"
+        "                signal.pidfd_send_signal(reaper, signal.SIGKILL)\n"
+        "            with contextlib.suppress(OSError):\n"
+        "                process.send_signal(signal.SIGKILL)\n",
+        '            os.write(self._block, b"\\0")\n',
+        ("tests/test_nursery.py -k cannot_be_applied or limits_fail",),
     ),
     Mutation(
         "worker-takes-a-turns-pid",

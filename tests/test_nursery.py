@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,8 +20,11 @@ from test_limits import PIDS_PROBE
 
 from shared.walk import canonical_path
 from shared.wire import PlannedLimits, TurnRequest
+from target_side.fence.cgroupfs import TURN_PREFIX
+from target_side.fence.gate import Gate, StartWatch
 from target_side.fence.identity import InProcess
-from target_side.fence.limits import Limiter, TurnLimits
+from target_side.fence.launch import find_bwrap
+from target_side.fence.limits import Hierarchy, Limiter, TurnLimits
 
 LIMITS = PlannedLimits(wall_s=30, memory_mb=256, pids=16, cpu=1.0, output_mb=1, scratch_mb=1)
 
@@ -96,11 +101,7 @@ async def test_a_process_started_by_a_settled_worker_is_born_in_its_cgroups() ->
             assert turn.born_inside
             seen = Path(f"/proc/{process.pid}/cgroup").read_text()
             for hierarchy in limiter.hierarchies:
-                (path,) = [
-                    where
-                    for _, named, where in (x.split(":", 2) for x in seen.splitlines())
-                    if hierarchy.controllers & set(named.split(","))
-                ]
+                path = _path_in(seen, hierarchy)
                 assert path.endswith(f"/paddock-turns/{turn.name}"), (hierarchy, seen)
         finally:
             process.kill()
@@ -110,6 +111,16 @@ async def test_a_process_started_by_a_settled_worker_is_born_in_its_cgroups() ->
         assert not turn.dirs
     finally:
         limiter.close()
+
+
+def _path_in(listing: str, hierarchy: Hierarchy) -> str:
+    """Where a ``/proc/PID/cgroup`` listing puts its process in ``hierarchy``."""
+    (path,) = [
+        where
+        for _, named, where in (line.split(":", 2) for line in listing.splitlines())
+        if hierarchy.controllers & set(named.split(",")) or (not named and hierarchy.version == 2)
+    ]
+    return path
 
 
 async def _turn_with_worker(limiter: Limiter) -> TurnLimits:
@@ -134,3 +145,94 @@ async def test_a_turn_started_without_a_worker_is_placed_in_its_cgroups(tmp_path
     assert outcome.exit_code == 0
     # Moved in once up, bubblewrap's outer process stays outside: the turn has its 8.
     assert "".join(str(f.get("data", "")) for kind, f in seen if kind == "stdout") == "8\n"
+
+
+async def test_a_turn_placed_after_it_started_runs_its_command_inside_its_cgroups(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Moved in while it waits at its gate, before it can start anything: a process forked
+    before the move would stay outside, so the command's own cgroups are the turn's.
+
+    The move is made as slow as a cgroup v1 move can be (it may wait out an RCU grace
+    period): a gate opened before it would let the command start first."""
+    limiter = Limiter.detect()  # no nursery: the fence is moved in once it is up
+    if os.getuid() != 0 or not limiter.hierarchies:
+        pytest.skip("needs root and writable cgroups")
+    real_place = TurnLimits.place
+
+    def slow_place(self: TurnLimits, pid: int) -> None:
+        time.sleep(0.1)
+        real_place(self, pid)
+
+    monkeypatch.setattr(TurnLimits, "place", slow_place)
+    settings = local_settings(Path(canonical_path(tmp_path)))
+    request = TurnRequest(role="builder", argv=["cat", "/proc/self/cgroup"], limits={"wall_s": 30})
+    for _ in range(3):
+        outcome, seen = await launch_planned(settings, request, limiter=limiter)
+        assert outcome.exit_code == 0
+        cgroups = "".join(str(f.get("data", "")) for kind, f in seen if kind == "stdout")
+        for hierarchy in limiter.hierarchies:
+            path = _path_in(cgroups, hierarchy)
+            assert f"/{TURN_PREFIX}{os.getpid()}-t-" in path, (hierarchy, cgroups)
+
+
+async def test_a_turn_whose_limits_cannot_be_applied_is_refused_before_its_command_runs(
+    tmp_path: Path,
+) -> None:
+    """Its cgroups gone just before bubblewrap starts: the move fails while the fence waits at
+    its gate; it is killed there, so the command never runs, and the turn is refused."""
+    limiter = Limiter.detect()  # no nursery: the fence is moved in once it is up
+    if os.getuid() != 0 or not limiter.hierarchies:
+        pytest.skip("needs root and writable cgroups")
+    settings = local_settings(Path(canonical_path(tmp_path)))
+    ran = Path(settings.roles["builder"].workspaces[0]) / "ran"
+
+    def remove_the_turns_cgroups(seam: str) -> None:
+        if seam == "open-to-launch":
+            for hierarchy in limiter.hierarchies:
+                for cgroup in hierarchy.turn_parent.glob(f"{TURN_PREFIX}{os.getpid()}-t-*"):
+                    cgroup.rmdir()
+
+    request = TurnRequest(role="builder", argv=["touch", str(ran)], limits={"wall_s": 30})
+    outcome, _ = await launch_planned(
+        settings, request, inject=remove_the_turns_cgroups, limiter=limiter
+    )
+    assert outcome.exit_code == 126
+    assert outcome.refusal is not None and outcome.refusal.rule == "backend-unavailable"
+    assert "limits could not be applied" in outcome.refusal.detail
+    await asyncio.sleep(0.2)  # a command let through would have touched it by now
+    assert not ran.exists()
+
+
+async def test_a_fence_whose_limits_fail_is_killed_while_it_waits_at_its_gate() -> None:
+    """The thread holding the gate never opens it on a failed move: it kills the sandbox and
+    bubblewrap first, and closes the gate unopened."""
+    limiter = Limiter.detect()
+    if os.getuid() != 0 or not limiter.hierarchies:
+        pytest.skip("needs root and writable cgroups")
+    turn = limiter.for_turn("t-" + "e" * 32, LIMITS)
+    for cgroup in turn.dirs:
+        cgroup.rmdir()  # the move into them fails
+    status_read, status_write = os.pipe()
+    block_read, block_write = os.pipe()
+    gate_seen = os.dup(block_read)
+    argv = [find_bwrap(), "--unshare-pid", "--ro-bind", "/", "/", "--json-status-fd",
+            str(status_write), "--block-fd", str(block_read), "--", "true"]  # fmt: skip
+    process = subprocess.Popen(argv, pass_fds=(status_write, block_read))
+    os.close(status_write)
+    os.close(block_read)
+    watch = StartWatch(asyncio.get_running_loop(), Gate(status_read, block_write, turn))
+    try:
+        await asyncio.to_thread(watch.started, process)
+        held = await watch.held
+        assert isinstance(held.error, OSError) and not isinstance(held.error, ProcessLookupError)
+        assert process.wait(timeout=10) == -signal.SIGKILL  # never got to run ``true``
+        assert os.read(gate_seen, 1) == b""  # closed, never opened
+    finally:
+        process.kill()
+        process.wait()
+        await asyncio.to_thread(watch.ended)
+        os.close(gate_seen)
+        if held_reaper := (watch.held.result().reaper if watch.held.done() else None):
+            os.close(held_reaper)
+        turn.remove_now()

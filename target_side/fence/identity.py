@@ -32,6 +32,7 @@ from typing import Protocol
 
 from target_side.config import Settings
 from target_side.fence import audit, home, pipes, thread_ids
+from target_side.fence.gate import Gate, StartWatch
 from target_side.fence.launcher_client import ViaLauncher, WriteProtocol
 from target_side.fence.limits import TurnLimits
 from target_side.fence.nursery import Worker
@@ -52,6 +53,9 @@ class FenceProcess(Protocol):
     stderr: asyncio.StreamReader | None
     lost: str | None
     """Why the process can no longer be followed (its launcher went away), or None."""
+    status: asyncio.StreamReader | None
+    """bubblewrap's status lines, where whoever started it reads its status pipe (and opens
+    its gate); None: the runner reads the pipe itself."""
 
     @property
     def returncode(self) -> int | None: ...
@@ -61,7 +65,8 @@ class FenceProcess(Protocol):
     async def communicate(self) -> tuple[bytes, bytes]: ...
 
     async def adopt(self, pid: int, pid_ns: int | None, limits: TurnLimits | None) -> None:
-        """The fence's first process is up and blocked: hold it, and put it into ``limits``.
+        """The fence's first process is up and blocked: hold it, and put it into ``limits``
+        (or, where its gate was opened already, take what was held).
 
         Raises ``ProcessLookupError`` if the fence died meanwhile, another error if
         the limits could not be applied.
@@ -93,9 +98,11 @@ class Identity(Protocol):
         limits: TurnLimits | None = None,
         *,
         terminal: int | None = None,
+        gate: Gate | None = None,
     ) -> FenceProcess:
         """Start ``argv`` as ``ids``; ``limits`` may let it be born inside its cgroups; with
-        ``terminal`` (a pty's other side) as its stdin, stdout and stderr."""
+        ``terminal`` (a pty's other side) as its stdin, stdout and stderr. ``gate``: the
+        fence's, which this may take over (``fence.gate``)."""
 
     async def prepare_home(self, state_root: Path, role: str, ids: tuple[int, int]) -> str | None:
         """Make or repair the role's home (``fence.home``); a sentence if it was repaired."""
@@ -127,6 +134,7 @@ class InProcess:
         limits: TurnLimits | None = None,
         *,
         terminal: int | None = None,
+        gate: Gate | None = None,
     ) -> FenceProcess:
         uid, gid = ids
         prefix: tuple[str, ...] = ()
@@ -170,10 +178,12 @@ class InProcess:
         loop = asyncio.get_running_loop()
         worker = limits.worker if limits is not None else None
         worker = worker or Worker(loop)
-        process = await worker.start(start)
         if limits is not None and worker is limits.worker:
             limits.born_inside = True
-        return await LocalProcess.started(process, worker, held[0] if held else None)
+        # The thread that starts bubblewrap opens its gate: it is there at once, the loop is not.
+        watch = StartWatch(loop, gate) if gate is not None else None
+        process = await worker.start(start, watch)
+        return await LocalProcess.started(process, worker, held[0] if held else None, watch)
 
     async def prepare_home(self, state_root: Path, role: str, ids: tuple[int, int]) -> str | None:
         return await asyncio.to_thread(home.prepare_home, state_root, role, *ids)
@@ -230,10 +240,18 @@ class LocalProcess:
     Started and waited for by a ``Worker`` thread; its pipes are the event loop's streams.
     """
 
-    def __init__(self, process: subprocess.Popen[bytes], worker: Worker, pidfd: int | None) -> None:
+    def __init__(
+        self,
+        process: subprocess.Popen[bytes],
+        worker: Worker,
+        pidfd: int | None,
+        watch: StartWatch | None = None,
+    ) -> None:
         self._process = process
         self._worker = worker
         self._pidfd = pidfd
+        self._watch = watch
+        self.status = watch.lines if watch is not None else None
         self.pid = process.pid
         self.stdin: asyncio.StreamWriter | None = None
         self.stdout: asyncio.StreamReader | None = None
@@ -245,10 +263,14 @@ class LocalProcess:
 
     @classmethod
     async def started(
-        cls, process: subprocess.Popen[bytes], worker: Worker, pidfd: int | None
+        cls,
+        process: subprocess.Popen[bytes],
+        worker: Worker,
+        pidfd: int | None,
+        watch: StartWatch | None = None,
     ) -> LocalProcess:
         """``process``, its pipes connected to the running loop."""
-        this = cls(process, worker, pidfd)
+        this = cls(process, worker, pidfd, watch)
         loop = asyncio.get_running_loop()
         for pipe in (process.stdout, process.stderr):
             if pipe is not None:
@@ -287,10 +309,17 @@ class LocalProcess:
         return out, err
 
     async def adopt(self, pid: int, pid_ns: int | None, limits: TurnLimits | None) -> None:
+        self._reaper_pid, self._pid_ns = pid, pid_ns
+        if self._watch is not None:
+            held = await asyncio.shield(self._watch.held)
+            self._watch = None  # what it held is this process's now
+            self._reaper = held.reaper
+            if held.error is not None:
+                raise held.error
+            return
         # Held as a pidfd so a later kill cannot hit a recycled pid.
         with contextlib.suppress(OSError):
             self._reaper = os.pidfd_open(pid)
-        self._reaper_pid, self._pid_ns = pid, pid_ns
         if limits is not None and not limits.born_inside:
             # Off the event loop: a cgroup v1 move waits out an RCU grace period (~10 ms).
             await asyncio.to_thread(limits.place, pid)
@@ -316,6 +345,10 @@ class LocalProcess:
             os.kill(self.pid, signal.SIGKILL)
 
     def release(self) -> None:
+        if self._watch is not None and self._watch.held.done():
+            # Held by the thread and never taken (the fence ended before its line was read).
+            self._reaper = self._watch.held.result().reaper
+            self._watch = None
         for fd in (self._reaper, self._pidfd):
             if fd is not None:
                 os.close(fd)

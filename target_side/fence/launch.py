@@ -37,10 +37,11 @@ from target_side.errors import (
     ThreadIdsError,
 )
 from target_side.fence import syscall_filter
+from target_side.fence.gate import Gate
 from target_side.fence.held import FailureHook, HeldFence, hold_fence, no_failure
 from target_side.fence.identity import BWRAP_ENV, Identity, InProcess
 from target_side.fence.limits import Limiter, TurnLimits
-from target_side.fence.runner import Emit, Gate, RunningTurn, set_terminal_size
+from target_side.fence.runner import Emit, RunningTurn, set_terminal_size
 from target_side.policy import refusals
 from target_side.policy.mounts import Mount
 from target_side.policy.plan import FencePlan
@@ -316,6 +317,7 @@ async def launch_turn(
     starter = identity if identity is not None else InProcess()
     opened: list[int] = []
     limits: TurnLimits | None = None
+    gate: Gate | None = None
     master: int | None = None
     try:
         held = hold_fence(plan, inject)
@@ -323,6 +325,7 @@ async def launch_turn(
         limits = limiter.for_turn(plan.turn_id, plan.limits)
         status_read, status_write = _pipe(opened)
         block_read, block_write = _pipe(opened)
+        gate = Gate(status_read, block_write, limits)
         script = memory_file("paddock-script", plan.script) if plan.script is not None else None
         seccomp = syscall_filter.filter_fd(network=plan.network)
         fds = LaunchFds(
@@ -349,39 +352,41 @@ async def launch_turn(
             plan.stdin_open,
             limits,
             terminal=terminal,
+            gate=gate,
         )
     except (LimitError, LauncherError, ThreadIdsError) as exc:
-        _close_all(opened)
-        if limits is not None:
-            limits.remove_now()
+        _undo(opened, gate, limits)
         raise RefusedError(refusals.backend_unavailable(str(exc))) from exc
     except OSError as exc:
-        _close_all(opened)
-        if limits is not None:
-            limits.remove_now()
+        _undo(opened, gate, limits)
         raise RefusedError(
             refusals.backend_unavailable(f"could not start bubblewrap: {exc}")
         ) from exc
     except BaseException:
-        _close_all(opened)
-        if limits is not None:
-            limits.remove_now()
+        _undo(opened, gate, limits)
         raise
-    # The runner keeps the status pipe's read end, the gate's write end and the pty's master;
-    # bwrap has the rest.
+    # The gate's two ends and the pty's master stay (the runner's, or the thread's that started
+    # bubblewrap); bwrap has the rest.
     _close_all(fd for fd in opened if fd not in (status_read, block_write, master))
     sources = {fd: m.source for m, fd in zip(plan.mounts, held.mounts, strict=True) if fd}
     sources[held.exe] = plan.executable.path
     return kind(
         process,
-        status_read,
+        gate,
         emit,
         plan.limits.wall_s,
         plan.limits.output_mb << 20,
-        Gate(block_write, limits),
         lambda tail: explain_setup_failure(tail, sources),
         terminal=master,
     )
+
+
+def _undo(opened: list[int], gate: Gate | None, limits: TurnLimits | None) -> None:
+    """A launch that failed: close what it opened but what the gate gave away; drop its limits."""
+    given = gate.given if gate is not None else ()
+    _close_all(fd for fd in opened if fd not in given)
+    if limits is not None:
+        limits.remove_now()
 
 
 def terminal_pair(rows: int, cols: int) -> tuple[int, int]:

@@ -24,6 +24,7 @@ from typing import Any
 
 from target_side.errors import LauncherError
 from target_side.fence import pipes
+from target_side.fence.gate import Gate
 from target_side.fence.launcher import Channel, close_all
 from target_side.fence.limits import TurnLimits
 
@@ -90,8 +91,10 @@ class ViaLauncher:
         limits: TurnLimits | None = None,
         *,
         terminal: int | None = None,
+        gate: Gate | None = None,
     ) -> LaunchedProcess:
         # ``limits``: placed by the launcher once the fence is up (``adopt``), never born inside.
+        # ``gate``: left to the runner, on the event loop; this server holds no thread per turn.
         theirs: list[int] = []
         ours: list[int] = []
         channel: Channel | None = None
@@ -162,6 +165,7 @@ class LaunchedProcess:
         self.stdout: asyncio.StreamReader | None = None
         self.stderr: asyncio.StreamReader | None = None
         self.lost: str | None = None
+        self.status: asyncio.StreamReader | None = None  # the runner reads the status pipe
         self._returncode: int | None = None
         self._ended = asyncio.get_running_loop().create_future()
         self._replies: deque[asyncio.Future[dict[str, Any]]] = deque()

@@ -2,8 +2,9 @@
 
 Every process the server starts for a turn is started and waited for by a
 ``Worker``: a thread of its own, which runs ``subprocess.Popen`` (off the event
-loop) and then blocks in ``waitpid`` until the process ends, as asyncio's
-threaded child watcher would.
+loop), opens the fence's gate when the process's status pipe says the fence
+is up (``fence.gate``), and then blocks in ``waitpid`` until the process
+ends, as asyncio's threaded child watcher would.
 
 Moving a process into a cgroup makes the kernel wait out an RCU grace period
 first (about 10 ms here), while the fence waits at its gate. Under cgroup v1 a
@@ -48,7 +49,7 @@ import subprocess
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from target_side.fence import thread_ids
 from target_side.fence.cgroupfs import TURN_PREFIX
@@ -60,6 +61,17 @@ IDLE_WORKERS = 2
 REMOVE_TRIES = 50
 
 Start = Callable[[], "subprocess.Popen[bytes]"]
+
+
+class Watch(Protocol):
+    """Told, on the worker's thread, when its process started and when it was reaped, or
+    that it never started. Never raises: the worker must go on to reap the process."""
+
+    def started(self, process: subprocess.Popen[bytes]) -> None: ...
+
+    def ended(self) -> None: ...
+
+    def abandoned(self) -> None: ...
 
 
 class Worker:
@@ -77,7 +89,7 @@ class Worker:
         self.settled = concurrent.futures.Future[bool]()
         self.spawned: asyncio.Future[subprocess.Popen[bytes]] = loop.create_future()
         self.ended: asyncio.Future[int] = loop.create_future()
-        self._jobs: queue.SimpleQueue[Start | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[Start, Watch | None] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._live, name="paddock-turn", daemon=True)
         self._thread.start()
 
@@ -90,9 +102,12 @@ class Worker:
         """
         return 2 if self.dirs else 0
 
-    def start(self, start: Start) -> asyncio.Future[subprocess.Popen[bytes]]:
-        """Run ``start`` on this worker's thread; then it waits for the process it returned."""
-        self._jobs.put(start)
+    def start(
+        self, start: Start, watch: Watch | None = None
+    ) -> asyncio.Future[subprocess.Popen[bytes]]:
+        """Run ``start`` on this worker's thread; then it waits for the process it returned,
+        telling ``watch`` (on the thread) once it started and once it was reaped."""
+        self._jobs.put((start, watch))
         return self.spawned
 
     def discard(self) -> None:
@@ -108,13 +123,21 @@ class Worker:
         job = self._jobs.get()
         if job is None:
             return
+        start, watch = job
         try:
-            process = job()
+            process = start()
         except BaseException as exc:
+            if watch is not None:
+                watch.abandoned()
             self._report(self.spawned, exc)
             return
         self._report(self.spawned, process)
-        self._report(self.ended, process.wait())
+        if watch is not None:
+            _tell(watch.started, process)
+        status = process.wait()
+        if watch is not None:
+            _tell(watch.ended)
+        self._report(self.ended, status)
 
     def _settle(self) -> None:
         """Move this thread into a fresh slot below each parent; on any failure, into none."""
@@ -202,6 +225,14 @@ class Nursery:
         for worker in idle:
             worker.join(timeout=5)
             remove_when_empty(worker.dirs)
+
+
+def _tell(step: Callable[..., None], *args: Any) -> None:
+    """A watch's step; a failure in it is logged, and the process is still reaped."""
+    try:
+        step(*args)
+    except Exception:
+        log.exception("a turn worker's watch failed")
 
 
 def remove_when_empty(dirs: Sequence[Path]) -> list[Path]:

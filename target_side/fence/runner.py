@@ -5,9 +5,10 @@ The fence runs in its own pid namespace, so "the whole turn" is a namespace:
 a signal goes to every process in it, and when its first process (bubblewrap's
 reaper) dies the kernel kills whatever the turn left running.
 
-bubblewrap holds the fence's first process at ``--block-fd`` until the runner
-has put it into the turn's limits (``Gate``), so no process of the command
-starts outside them.
+bubblewrap holds the fence's first process at ``--block-fd`` until it is in
+the turn's limits (``fence.gate``), so no process of the command starts
+outside them: the thread that started bubblewrap opens that gate where there
+is one, else the runner does, on the event loop.
 
 The process is a ``FenceProcess``: the server's own child, or one the
 privileged launcher started as the role (``fence.identity``); signals, kills and
@@ -33,8 +34,9 @@ from shared.exit_status import ExitStatus, for_signal, signal_of
 from shared.wire import Refusal
 from target_side.errors import LauncherError, StorageError
 from target_side.fence import pipes
+from target_side.fence.gate import Gate, sandbox_of
 from target_side.fence.identity import FenceProcess
-from target_side.fence.limits import TurnLimits, Usage
+from target_side.fence.limits import Usage
 from target_side.policy import refusals
 
 STDERR_TAIL = 4096
@@ -62,15 +64,6 @@ class Outcome:
     max_rss_kb: int | None = None
     failure: str | None = None
     """Why the target ended the turn itself (its spool could not take its output)."""
-
-
-@dataclass
-class Gate:
-    """What holds the fence before its command starts: ``--block-fd``, and the limits to apply."""
-
-    block: int
-    """The write end: one byte lets the fence's first process go on to the command."""
-    limits: TurnLimits | None = None
 
 
 @dataclass
@@ -142,11 +135,10 @@ class RunningTurn:
     def __init__(
         self,
         proc: FenceProcess,
-        status_fd: int,
+        gate: Gate,
         emit: Emit,
         wall_s: float,
         output_bytes: int,
-        gate: Gate | None = None,
         explain_setup_failure: Callable[[bytes], Refusal] | None = None,
         *,
         terminal: int | None = None,
@@ -168,7 +160,7 @@ class RunningTurn:
         self._killed = False
         self._truncated = False
         self._started_at = time.monotonic()
-        self._status_task = asyncio.create_task(self._read_status(status_fd))
+        self._status_task = asyncio.create_task(self._read_status())
         # Opened now, not when the turn is followed: keystrokes may come before that.
         self._terminal_task = (
             asyncio.create_task(self._terminal_output()) if terminal is not None else None
@@ -216,7 +208,7 @@ class RunningTurn:
             self.kill()
 
     def _read_usage(self) -> Usage:
-        limits = self._gate.limits if self._gate is not None else None
+        limits = self._gate.limits
         if limits is None:
             return Usage()
         usage = limits.usage()
@@ -230,9 +222,8 @@ class RunningTurn:
 
     async def cleanup(self) -> None:
         """Remove the turn's cgroups (once ``wait`` returned; its end need not wait for this)."""
-        limits = self._gate.limits if self._gate is not None else None
-        if limits is not None:
-            await limits.remove()
+        if self._gate.limits is not None:
+            await self._gate.limits.remove()
 
     def _outcome(self, returncode: int) -> Outcome:
         wall = round(time.monotonic() - self._started_at, 6)
@@ -313,39 +304,43 @@ class RunningTurn:
             self.kill()
         return kept
 
-    async def _read_status(self, fd: int) -> None:
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader()
-        pipe = os.fdopen(fd, "rb", buffering=0)
-        transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), pipe
-        )
+    async def _read_status(self) -> None:
+        # The lines the thread that started bubblewrap read, or the pipe, read here.
+        reader = self._proc.status
+        transport: asyncio.BaseTransport | None = None
+        if reader is None:
+            reader = asyncio.StreamReader()
+            pipe = os.fdopen(self._gate.status, "rb", buffering=0)
+            self._gate.status = -1
+            transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+                lambda: asyncio.StreamReaderProtocol(reader), pipe
+            )
         try:
             while line := await reader.readline():
                 await self._absorb_status(line)
         finally:
-            transport.close()
+            if transport is not None:
+                transport.close()
             self._status.started.set()
 
     async def _absorb_status(self, line: bytes) -> None:
-        child = None
         with contextlib.suppress(ValueError, TypeError, AttributeError):
             record = json.loads(line)
-            if "child-pid" in record:
-                child = int(record["child-pid"])
-                self._status.pid_namespace = int(record.get("pid-namespace", 0)) or None
             if "exit-code" in record:
                 self._status.exit_code = int(record["exit-code"])
-        if child is not None:
-            self._status.child_pid = child
-            await self._open_gate(child)
+        sandbox = sandbox_of(line)
+        if sandbox is not None:
+            self._status.child_pid, self._status.pid_namespace = sandbox
+            await self._open_gate(*sandbox)
             self._status.started.set()
 
-    async def _open_gate(self, sandbox_pid: int) -> None:
-        """Hold the blocked fence, put it into its limits, then let it run; a failure kills it."""
-        limits = self._gate.limits if self._gate is not None else None
+    async def _open_gate(self, sandbox_pid: int, pid_ns: int | None) -> None:
+        """Hold the blocked fence, put it into its limits, then let it run; a failure kills it.
+
+        Where the process opened its gate itself, this takes what it held.
+        """
         try:
-            await self._proc.adopt(sandbox_pid, self._status.pid_namespace, limits)
+            await self._proc.adopt(sandbox_pid, pid_ns, self._gate.limits)
         except ProcessLookupError:
             # The fence died while setting up: its own failure says why, not the limits.
             self._close_gate()
@@ -355,13 +350,13 @@ class RunningTurn:
             self.kill()
             self._close_gate()
             return
-        if self._gate is not None:
+        if self._gate.block >= 0:
             with contextlib.suppress(OSError):
                 os.write(self._gate.block, b"\0")
         self._close_gate()
 
     def _close_gate(self) -> None:
-        if self._gate is not None and self._gate.block >= 0:
+        if self._gate.block >= 0:
             with contextlib.suppress(OSError):
                 os.close(self._gate.block)
             self._gate.block = -1

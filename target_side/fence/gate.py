@@ -1,0 +1,184 @@
+"""A fence held at its start: bubblewrap's status pipe and its ``--block-fd``.
+
+bubblewrap writes a JSON line naming its sandbox's first process to
+``--json-status-fd`` once the sandbox exists; that process then waits for a
+byte on ``--block-fd``. Until the byte comes nothing of the command has run,
+and the server takes a pidfd on the process (so that no later kill can reach
+a recycled pid), moves it into the turn's cgroups unless it was born there,
+and only then writes the byte. At the end bubblewrap writes the command's exit
+status on the same pipe, and exits.
+
+Who opens the gate depends on who started bubblewrap. The server's own child
+(``fence.identity.InProcess``) is started by a thread of its own that then
+only waits for it: that thread opens the gate (``StartWatch``), blocking, the
+moment the status line is there. The event loop would get to the line only
+after every other turn's pending step: with 200 turns started together, each
+turn's command started that much later, and the burst of 200 ``sleep 1``
+ended a sixth sooner once the thread did it. Through the launcher, the runner
+opens the gate on the event loop (``fence.runner.RunningTurn``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import subprocess
+from dataclasses import dataclass
+from typing import Any
+
+from target_side.fence.limits import TurnLimits
+
+STATUS_READ_BYTES = 4096
+
+
+@dataclass
+class Gate:
+    """What holds one fence before its command starts."""
+
+    status: int
+    """The read end of bubblewrap's ``--json-status-fd``."""
+    block: int
+    """The write end of its ``--block-fd``: one byte lets the sandbox go on to the command.
+    -1 once it is not the runner's to write or close."""
+    limits: TurnLimits | None = None
+    given: tuple[int, ...] = ()
+    """The two ends, once given away: the taker's to close, no one else's."""
+
+    def give_away(self) -> tuple[int, int]:
+        """The status pipe's read end and the gate's write end, for whoever takes them over."""
+        ends = (self.status, self.block)
+        self.status = self.block = -1
+        self.given = ends
+        return ends
+
+
+@dataclass
+class Held:
+    """How the thread that opened a gate left the sandbox."""
+
+    reaper: int | None = None
+    """A pidfd on the sandbox's first process, the caller's to close (None: never held)."""
+    error: BaseException | None = None
+    """``ProcessLookupError``: the sandbox died before it was held; another error: its
+    limits could not be applied, and it was killed before its command could start."""
+
+
+def sandbox_of(line: bytes) -> tuple[int, int | None] | None:
+    """The sandbox's first process and pid namespace, if ``line`` is the status line naming it."""
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        record = json.loads(line)
+        if "child-pid" in record:
+            return int(record["child-pid"]), int(record.get("pid-namespace", 0)) or None
+    return None
+
+
+class StartWatch:
+    """One fence's status pipe and gate, in the hands of the thread that started bubblewrap.
+
+    Made on the event loop, given to the thread: it takes the gate's two
+    descriptors over (and closes them). ``started`` and ``ended`` run on the
+    thread, after bubblewrap started and after it was reaped. The runner reads
+    the status lines from ``lines``, as it would from the pipe, and learns how
+    the gate went from ``held``, which resolves before the line naming the
+    sandbox reaches ``lines``.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, gate: Gate) -> None:
+        self._loop = loop
+        self._limits = gate.limits
+        self._status, self._block = gate.give_away()
+        self.lines = asyncio.StreamReader()
+        self.held: asyncio.Future[Held] = loop.create_future()
+
+    def started(self, process: subprocess.Popen[bytes]) -> None:
+        """Read up to the line naming the sandbox, hold the sandbox, open the gate (blocking)."""
+        data = b""
+        held = Held()
+        try:
+            data = self._first_line()
+            line, newline, _ = data.partition(b"\n")
+            sandbox = sandbox_of(line) if newline else None
+            if sandbox is not None:
+                held = self._hold(process, sandbox[0])
+        finally:
+            _close(self._block)
+            self._report(held, data)
+
+    def ended(self) -> None:
+        """What bubblewrap wrote after the first line (its command's exit status), then the end.
+
+        bubblewrap has been reaped: everything it wrote is in the pipe, so the
+        rest is read without waiting for an end of file that a descriptor left
+        open elsewhere would hold back.
+        """
+        rest = b""
+        try:
+            fcntl.fcntl(self._status, fcntl.F_SETFL, os.O_NONBLOCK)
+            while chunk := os.read(self._status, STATUS_READ_BYTES):
+                rest += chunk
+        except OSError:
+            pass  # nothing more (EAGAIN), or never anything: the runner sees the end either way
+        finally:
+            _close(self._status)
+            self._call(self._feed_end, rest)
+
+    def abandoned(self) -> None:
+        """bubblewrap never started: nothing will be read or opened."""
+        _close(self._status)
+        _close(self._block)
+        self._call(self._feed_end, b"")
+
+    def _first_line(self) -> bytes:
+        data = b""
+        with contextlib.suppress(OSError):  # as an end: the runner then sees no sandbox
+            while b"\n" not in data:
+                chunk = os.read(self._status, STATUS_READ_BYTES)
+                if not chunk:
+                    break  # bubblewrap ended before its sandbox began: its stderr says why
+                data += chunk
+        return data
+
+    def _hold(self, process: subprocess.Popen[bytes], pid: int) -> Held:
+        try:
+            reaper = os.pidfd_open(pid)
+        except OSError as exc:
+            return Held(error=ProcessLookupError(exc.errno, exc.strerror))
+        try:
+            if self._limits is not None:
+                self._limits.place(pid)
+        except (OSError, ValueError) as exc:
+            # Killed while it still waits at the gate: the command never starts outside its
+            # limits. bubblewrap is not reaped yet (this thread reaps it), so its pid is its own.
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(reaper, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                process.send_signal(signal.SIGKILL)
+            return Held(reaper, exc)
+        with contextlib.suppress(OSError):  # the sandbox died meanwhile: its own failure says why
+            os.write(self._block, b"\0")
+        return Held(reaper)
+
+    def _report(self, held: Held, data: bytes) -> None:
+        def deliver() -> None:
+            self.held.set_result(held)
+            self.lines.feed_data(data)
+
+        self._call(deliver)
+
+    def _feed_end(self, rest: bytes) -> None:
+        self.lines.feed_data(rest)
+        self.lines.feed_eof()
+
+    def _call(self, callback: Any, *args: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is waiting
+            self._loop.call_soon_threadsafe(callback, *args)
+
+
+def _close(fd: int) -> None:
+    if fd >= 0:
+        with contextlib.suppress(OSError):
+            os.close(fd)
