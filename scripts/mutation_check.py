@@ -607,6 +607,13 @@ MUTATIONS += (
         ("tests/test_nursery.py -k cannot_be_applied or limits_fail",),
     ),
     Mutation(
+        "wall-time-counted-from-when-the-loop-got-there",
+        "target_side/fence/runner.py",
+        "            left = self._started_at + self._wall_s - time.monotonic()",
+        "            left = self._wall_s",
+        ("tests/test_nursery.py -k wall_time_limit_counts",),
+    ),
+    Mutation(
         "worker-takes-a-turns-pid",
         "target_side/fence/limits.py",
         "        seats = self.worker.seats if self.worker is not None else 0",

@@ -103,8 +103,11 @@ async def launch_planned(
     *,
     inject: Callable[[str], None] = no_failure,
     limiter: Limiter | None = None,
+    busy_loop_s: float = 0.0,
 ) -> tuple[Outcome, list[tuple[str, dict[str, object]]]]:
-    """Plan, prepare and launch one turn without a server, as the turn manager does."""
+    """Plan, prepare and launch one turn without a server, as the turn manager does; with
+    ``busy_loop_s``, the event loop is kept from everything else that long after the launch
+    (as a burst of turns keeps it)."""
     plan = plan_turn(request, settings, f"t-{uuid.uuid4().hex}")
     open_state_root(settings.state_root)
     prepare_home(settings.state_root, plan.role, plan.uid, plan.gid)
@@ -116,6 +119,7 @@ async def launch_planned(
         limiter if limiter is not None else Limiter.detect(),
         inject,
     )
+    time.sleep(busy_loop_s)
     outcome = await running.wait()
     await running.cleanup()
     return outcome, seen

@@ -1,4 +1,5 @@
-"""A turn's bubblewrap born inside its cgroups (cgroup v1), and the server kept out of its limits.
+"""A turn's bubblewrap born inside its cgroups (cgroup v1), its gate opened by the thread that
+started it, and the server kept out of its limits.
 
 The nursery's workers are threads of the server sitting in a turn's cgroups;
 nothing that reads a cgroup's members may ever take the server for the turn's.
@@ -187,11 +188,16 @@ async def test_a_turn_whose_limits_cannot_be_applied_is_refused_before_its_comma
     settings = local_settings(Path(canonical_path(tmp_path)))
     ran = Path(settings.roles["builder"].workspaces[0]) / "ran"
 
+    def ours() -> set[Path]:
+        pattern = f"{TURN_PREFIX}{os.getpid()}-t-*"
+        return {c for h in limiter.hierarchies for c in h.turn_parent.glob(pattern)}
+
+    earlier = ours()  # an earlier test's turn in this process, maybe not yet removed
+
     def remove_the_turns_cgroups(seam: str) -> None:
         if seam == "open-to-launch":
-            for hierarchy in limiter.hierarchies:
-                for cgroup in hierarchy.turn_parent.glob(f"{TURN_PREFIX}{os.getpid()}-t-*"):
-                    cgroup.rmdir()
+            for cgroup in ours() - earlier:
+                cgroup.rmdir()
 
     request = TurnRequest(role="builder", argv=["touch", str(ran)], limits={"wall_s": 30})
     outcome, _ = await launch_planned(
@@ -236,3 +242,15 @@ async def test_a_fence_whose_limits_fail_is_killed_while_it_waits_at_its_gate() 
         if held_reaper := (watch.held.result().reaper if watch.held.done() else None):
             os.close(held_reaper)
         turn.remove_now()
+
+
+async def test_the_wall_time_limit_counts_from_bubblewraps_start_however_busy_the_loop_is(
+    tmp_path: Path,
+) -> None:
+    """The gate opens without the event loop: a loop kept busy for a second after the launch
+    (as in a burst) must not add that second to the command's ``wall_s``."""
+    settings = local_settings(Path(canonical_path(tmp_path)))
+    request = TurnRequest(role="builder", argv=["sleep", "1.6"], limits={"wall_s": 1})
+    outcome, seen = await launch_planned(settings, request, busy_loop_s=1.0)
+    assert outcome.exit_code == 124, seen
+    assert 1.0 <= outcome.wall_s < 1.5

@@ -26,6 +26,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -53,6 +54,8 @@ class FenceProcess(Protocol):
     stderr: asyncio.StreamReader | None
     lost: str | None
     """Why the process can no longer be followed (its launcher went away), or None."""
+    started_at: float
+    """When bubblewrap was started (``time.monotonic``): nothing of the turn ran before."""
     status: asyncio.StreamReader | None
     """bubblewrap's status lines, where whoever started it reads its status pipe (and opens
     its gate); None: the runner reads the pipe itself."""
@@ -150,12 +153,14 @@ class InProcess:
         if terminal is not None:
             stdin = stdout = stderr = terminal
         held: list[int] = []
+        began: list[float] = []
 
         def start() -> subprocess.Popen[bytes]:
             with thread_ids.acting_as(uid, gid) if thread_acts else contextlib.nullcontext():
                 return _popen()
 
         def _popen() -> subprocess.Popen[bytes]:
+            began.append(time.monotonic())
             process = subprocess.Popen(
                 [*prefix, *argv],
                 stdin=stdin,
@@ -183,7 +188,9 @@ class InProcess:
         # The thread that starts bubblewrap opens its gate: it is there at once, the loop is not.
         watch = StartWatch(loop, gate) if gate is not None else None
         process = await worker.start(start, watch)
-        return await LocalProcess.started(process, worker, held[0] if held else None, watch)
+        this = await LocalProcess.started(process, worker, held[0] if held else None, watch)
+        this.started_at = began[0]
+        return this
 
     async def prepare_home(self, state_root: Path, role: str, ids: tuple[int, int]) -> str | None:
         return await asyncio.to_thread(home.prepare_home, state_root, role, *ids)
@@ -252,6 +259,7 @@ class LocalProcess:
         self._pidfd = pidfd
         self._watch = watch
         self.status = watch.lines if watch is not None else None
+        self.started_at = time.monotonic()
         self.pid = process.pid
         self.stdin: asyncio.StreamWriter | None = None
         self.stdout: asyncio.StreamReader | None = None

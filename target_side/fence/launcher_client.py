@@ -17,6 +17,7 @@ import contextlib
 import functools
 import os
 import socket
+import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -166,6 +167,7 @@ class LaunchedProcess:
         self.stderr: asyncio.StreamReader | None = None
         self.lost: str | None = None
         self.status: asyncio.StreamReader | None = None  # the runner reads the status pipe
+        self.started_at = time.monotonic()  # started just now (the launcher's answer is here)
         self._returncode: int | None = None
         self._ended = asyncio.get_running_loop().create_future()
         self._replies: deque[asyncio.Future[dict[str, Any]]] = deque()

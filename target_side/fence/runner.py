@@ -159,7 +159,8 @@ class RunningTurn:
         self._timed_out = False
         self._killed = False
         self._truncated = False
-        self._started_at = time.monotonic()
+        self._started_at = proc.started_at
+        """From bubblewrap's start: its gate may have opened before the loop got here."""
         self._status_task = asyncio.create_task(self._read_status())
         # Opened now, not when the turn is followed: keystrokes may come before that.
         self._terminal_task = (
@@ -174,7 +175,8 @@ class RunningTurn:
             self._pump(await self._terminal_task if self._terminal_task else None, "stdout"),
         )
         try:
-            await asyncio.wait_for(asyncio.shield(self._proc.wait()), self._wall_s)
+            left = self._started_at + self._wall_s - time.monotonic()
+            await asyncio.wait_for(asyncio.shield(self._proc.wait()), max(left, 0.0))
         except TimeoutError:
             self._timed_out = True
             self._emit(
