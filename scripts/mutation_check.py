@@ -614,6 +614,13 @@ MUTATIONS += (
         ("tests/test_nursery.py -k wall_time_limit_counts",),
     ),
     Mutation(
+        "started-at-when-the-loop-got-there",
+        "target_side/service/turns.py",
+        "started_at=_on_the_clock(running.started_at)",
+        "started_at=now()",
+        ("tests/test_durability.py -k started_at_is_bubblewraps",),
+    ),
+    Mutation(
         "worker-takes-a-turns-pid",
         "target_side/fence/limits.py",
         "        seats = self.worker.seats if self.worker is not None else 0",

@@ -449,3 +449,38 @@ def test_health_config_cause_comes_and_goes_with_the_problem(
     before, after = asyncio.run(scenario())
     assert "config" in before
     assert "config" not in after
+
+
+def test_a_turns_started_at_is_bubblewraps_start_however_late_the_loop_gets_there(
+    tmp_path: Path, ca: trustme.CA
+) -> None:
+    """The gate opens without the event loop, so a busy loop can get to a turn after its
+    command ran: ``started_at`` must still come before anything the command did."""
+
+    def busy_loop_at_launch(step: str) -> None:
+        if step == "open-to-launch":  # on the loop, just before bubblewrap starts
+            asyncio.get_running_loop().call_soon(time.sleep, 0.5)
+
+    settings = make_settings(Path(canonical_path(tmp_path)), ca)
+    app = create_app(settings, inject=busy_loop_at_launch)
+
+    async def scenario() -> tuple[dict[str, str], float]:
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app),
+                base_url="http://paddock",
+                headers={"Authorization": f"Bearer {BUILDER_TOKEN}"},
+            ) as c,
+        ):
+            made = await c.post("/v1/turns", json={"role": "builder", "argv": ["date", "+%s.%N"]})
+            turn_id = made.json()["turn_id"]
+            stream = (await c.get(f"/v1/turns/{turn_id}/events")).text
+            said = [json.loads(line[5:]) for line in stream.splitlines() if line[:5] == "data:"]
+            printed = "".join(e.get("data", "") for e in said if e["kind"] == "stdout")
+            return (await c.get(f"/v1/turns/{turn_id}")).json(), float(printed)
+
+    turn, printed = asyncio.run(scenario())
+    started = datetime.fromisoformat(turn["started_at"]).timestamp()
+    assert turn["exit_code"] == 0
+    assert started <= printed <= datetime.fromisoformat(turn["ended_at"]).timestamp()

@@ -167,6 +167,11 @@ class RunningTurn:
             asyncio.create_task(self._terminal_output()) if terminal is not None else None
         )
 
+    @property
+    def started_at(self) -> float:
+        """When bubblewrap was started (``time.monotonic``)."""
+        return self._started_at
+
     async def wait(self) -> Outcome:
         """Stream output until the turn ends (or its wall time runs out), then say how it ended."""
         pumps = asyncio.gather(

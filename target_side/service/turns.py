@@ -26,12 +26,13 @@ import logging
 import os
 import shutil
 import signal
+import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from shared.exit_status import ExitStatus, for_signal
@@ -533,7 +534,8 @@ class TurnManager:
         await self._prepare_home(record, plan)
         running = await self._spawn(bwrap, plan, record.spool)
         record.running = running
-        record.update(started_at=now(), executable=plan.executable)
+        # When it began, not when the loop got here: under load that can be a second later.
+        record.update(started_at=_on_the_clock(running.started_at), executable=plan.executable)
         # The commit point of the turn's start (while bubblewrap sets up). No file is written
         # for the turn besides its spool: this line, and its end line, say all one would.
         facts = _launch_facts(plan) | _key_facts(record)
@@ -954,6 +956,11 @@ def _key_facts(record: TurnRecord) -> dict[str, str]:
     """What a launch line keeps for a retried request to find the turn after a restart."""
     key = record.stored.idempotency
     return {"idempotency": key} if key else {}
+
+
+def _on_the_clock(monotonic_at: float) -> datetime:
+    """A ``time.monotonic`` instant of the recent past as a time of day."""
+    return now() - timedelta(seconds=max(0.0, time.monotonic() - monotonic_at))
 
 
 def _turn_of(terminal: Event | None) -> Turn | None:
