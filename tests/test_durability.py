@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -11,7 +12,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from conftest import (
     submit,
     wait_until,
 )
+from fastapi import FastAPI
 
 from shared.walk import canonical_path
 from target_side.service import ledger
@@ -39,6 +41,21 @@ from target_side.service.app import create_app
 from target_side.service.spool import records_on_disk
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+@contextlib.asynccontextmanager
+async def served(
+    app: FastAPI, token: str | None = BUILDER_TOKEN
+) -> AsyncIterator[httpx.AsyncClient]:
+    """``app`` running (its lifespan), and a client talking to it in-process with ``token``."""
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://paddock", headers=headers
+        ) as client,
+    ):
+        yield client
 
 
 def test_stdin_open_turn_reads_what_is_sent(client: httpx.Client) -> None:
@@ -194,14 +211,7 @@ def test_health_turns_failing_set_by_failures_and_cleared_only_by_a_good_turn(
 
     async def scenario() -> list[set[str]]:
         seen = []
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=app),
-                base_url="http://paddock",
-                headers={"Authorization": f"Bearer {BUILDER_TOKEN}"},
-            ) as c,
-        ):
+        async with served(app) as c:
 
             async def causes() -> set[str]:
                 return {x["cause"] for x in (await c.get("/v1/health")).json()["causes"]}
@@ -237,14 +247,7 @@ def test_retention_sweep_removes_old_finished_turns(tmp_path: Path, ca: trustme.
     app = create_app(settings)
 
     async def scenario() -> tuple[int, int, bool]:
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=app),
-                base_url="http://paddock",
-                headers={"Authorization": f"Bearer {BUILDER_TOKEN}"},
-            ) as c,
-        ):
+        async with served(app) as c:
             turn = (await c.post("/v1/turns", json={"role": "builder", "argv": ["true"]})).json()
             async with c.stream("GET", f"/v1/turns/{turn['turn_id']}/events") as r:
                 async for _ in r.aiter_lines():
@@ -285,14 +288,7 @@ def test_a_turns_output_is_on_disk_before_its_end_is_recorded(
     monkeypatch.setattr(ledger.Ledger, "_append_lines", append_lines)
 
     async def scenario() -> str:
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=app),
-                base_url="http://paddock",
-                headers={"Authorization": f"Bearer {BUILDER_TOKEN}"},
-            ) as c,
-        ):
+        async with served(app) as c:
             # The audit moves the .envrc aside after the turn, with a notice in the spool.
             body = {"role": "builder", "argv": ["sh", "-c", "echo kept; touch .envrc"]}
             turn = (await c.post("/v1/turns", json=body)).json()
@@ -431,12 +427,7 @@ def test_health_config_cause_comes_and_goes_with_the_problem(
     app = create_app(settings.model_copy(update={"server": fast}))
 
     async def scenario() -> tuple[set[str], set[str]]:
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=app), base_url="http://paddock"
-            ) as c,
-        ):
+        async with served(app, token=None) as c:
 
             async def causes() -> set[str]:
                 return {x["cause"] for x in (await c.get("/v1/health")).json()["causes"]}
@@ -465,14 +456,7 @@ def test_a_turns_started_at_is_bubblewraps_start_however_late_the_loop_gets_ther
     app = create_app(settings, inject=busy_loop_at_launch)
 
     async def scenario() -> tuple[dict[str, str], float]:
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=app),
-                base_url="http://paddock",
-                headers={"Authorization": f"Bearer {BUILDER_TOKEN}"},
-            ) as c,
-        ):
+        async with served(app) as c:
             made = await c.post("/v1/turns", json={"role": "builder", "argv": ["date", "+%s.%N"]})
             turn_id = made.json()["turn_id"]
             stream = (await c.get(f"/v1/turns/{turn_id}/events")).text

@@ -45,10 +45,16 @@ print("still here")
 """
 
 
-def _v1_limiter() -> Limiter:
+def _limiter() -> Limiter:
+    """This machine's cgroups, as a root server finds them (CI runs as root, with v1 cgroups)."""
     limiter = Limiter.detect()
     if os.getuid() != 0 or not limiter.hierarchies:
         pytest.skip("needs root and writable cgroups")
+    return limiter
+
+
+def _v1_limiter() -> Limiter:
+    limiter = _limiter()
     if any(h.version != 1 for h in limiter.hierarchies):
         pytest.skip("the nursery is for cgroup v1 only")
     return limiter
@@ -156,9 +162,7 @@ async def test_a_turn_placed_after_it_started_runs_its_command_inside_its_cgroup
 
     The move is made as slow as a cgroup v1 move can be (it may wait out an RCU grace
     period): a gate opened before it would let the command start first."""
-    limiter = Limiter.detect()  # no nursery: the fence is moved in once it is up
-    if os.getuid() != 0 or not limiter.hierarchies:
-        pytest.skip("needs root and writable cgroups")
+    limiter = _limiter()  # no nursery: the fence is moved in once it is up
     real_place = TurnLimits.place
 
     def slow_place(self: TurnLimits, pid: int) -> None:
@@ -182,9 +186,7 @@ async def test_a_turn_whose_limits_cannot_be_applied_is_refused_before_its_comma
 ) -> None:
     """Its cgroups gone just before bubblewrap starts: the move fails while the fence waits at
     its gate; it is killed there, so the command never runs, and the turn is refused."""
-    limiter = Limiter.detect()  # no nursery: the fence is moved in once it is up
-    if os.getuid() != 0 or not limiter.hierarchies:
-        pytest.skip("needs root and writable cgroups")
+    limiter = _limiter()  # no nursery: the fence is moved in once it is up
     settings = local_settings(Path(canonical_path(tmp_path)))
     ran = Path(settings.roles["builder"].workspaces[0]) / "ran"
 
@@ -213,9 +215,7 @@ async def test_a_turn_whose_limits_cannot_be_applied_is_refused_before_its_comma
 async def test_a_fence_whose_limits_fail_is_killed_while_it_waits_at_its_gate() -> None:
     """The thread holding the gate never opens it on a failed move: it kills the sandbox and
     bubblewrap first, and closes the gate unopened."""
-    limiter = Limiter.detect()
-    if os.getuid() != 0 or not limiter.hierarchies:
-        pytest.skip("needs root and writable cgroups")
+    limiter = _limiter()
     turn = limiter.for_turn("t-" + "e" * 32, LIMITS)
     for cgroup in turn.dirs:
         cgroup.rmdir()  # the move into them fails

@@ -71,10 +71,18 @@ class Held:
     limits could not be applied, and it was killed before its command could start."""
 
 
-def sandbox_of(line: bytes) -> tuple[int, int | None] | None:
-    """The sandbox's first process and pid namespace, if ``line`` is the status line naming it."""
-    with contextlib.suppress(ValueError, TypeError, AttributeError):
+def status_record(line: bytes) -> dict[str, Any]:
+    """One line of bubblewrap's status pipe as JSON; empty if it is not an object."""
+    with contextlib.suppress(ValueError):
         record = json.loads(line)
+        if isinstance(record, dict):
+            return record
+    return {}
+
+
+def sandbox_of(record: dict[str, Any]) -> tuple[int, int | None] | None:
+    """The sandbox's first process and pid namespace, if ``record`` is the line naming it."""
+    with contextlib.suppress(ValueError, TypeError):
         if "child-pid" in record:
             return int(record["child-pid"]), int(record.get("pid-namespace", 0)) or None
     return None
@@ -105,7 +113,7 @@ class StartWatch:
         try:
             data = self._first_line()
             line, newline, _ = data.partition(b"\n")
-            sandbox = sandbox_of(line) if newline else None
+            sandbox = sandbox_of(status_record(line)) if newline else None
             if sandbox is not None:
                 held = self._hold(process, sandbox[0])
         finally:

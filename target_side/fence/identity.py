@@ -188,9 +188,9 @@ class InProcess:
         # The thread that starts bubblewrap opens its gate: it is there at once, the loop is not.
         watch = StartWatch(loop, gate) if gate is not None else None
         process = await worker.start(start, watch)
-        this = await LocalProcess.started(process, worker, held[0] if held else None, watch)
-        this.started_at = began[0]
-        return this
+        return await LocalProcess.started(
+            process, worker, began[0], held[0] if held else None, watch
+        )
 
     async def prepare_home(self, state_root: Path, role: str, ids: tuple[int, int]) -> str | None:
         return await asyncio.to_thread(home.prepare_home, state_root, role, *ids)
@@ -251,6 +251,7 @@ class LocalProcess:
         self,
         process: subprocess.Popen[bytes],
         worker: Worker,
+        started_at: float,
         pidfd: int | None,
         watch: StartWatch | None = None,
     ) -> None:
@@ -259,7 +260,7 @@ class LocalProcess:
         self._pidfd = pidfd
         self._watch = watch
         self.status = watch.lines if watch is not None else None
-        self.started_at = time.monotonic()
+        self.started_at = started_at
         self.pid = process.pid
         self.stdin: asyncio.StreamWriter | None = None
         self.stdout: asyncio.StreamReader | None = None
@@ -274,11 +275,12 @@ class LocalProcess:
         cls,
         process: subprocess.Popen[bytes],
         worker: Worker,
+        started_at: float,
         pidfd: int | None,
         watch: StartWatch | None = None,
     ) -> LocalProcess:
         """``process``, its pipes connected to the running loop."""
-        this = cls(process, worker, pidfd, watch)
+        this = cls(process, worker, started_at, pidfd, watch)
         loop = asyncio.get_running_loop()
         for pipe in (process.stdout, process.stderr):
             if pipe is not None:
@@ -317,20 +319,15 @@ class LocalProcess:
         return out, err
 
     async def adopt(self, pid: int, pid_ns: int | None, limits: TurnLimits | None) -> None:
+        # The thread that started it held it and moved it into ``limits`` (``fence.gate``).
+        if self._watch is None:
+            raise RuntimeError("bubblewrap was started without its gate: nothing held it")
         self._reaper_pid, self._pid_ns = pid, pid_ns
-        if self._watch is not None:
-            held = await asyncio.shield(self._watch.held)
-            self._watch = None  # what it held is this process's now
-            self._reaper = held.reaper
-            if held.error is not None:
-                raise held.error
-            return
-        # Held as a pidfd so a later kill cannot hit a recycled pid.
-        with contextlib.suppress(OSError):
-            self._reaper = os.pidfd_open(pid)
-        if limits is not None and not limits.born_inside:
-            # Off the event loop: a cgroup v1 move waits out an RCU grace period (~10 ms).
-            await asyncio.to_thread(limits.place, pid)
+        held = await asyncio.shield(self._watch.held)
+        self._watch = None  # what it held is this process's now
+        self._reaper = held.reaper
+        if held.error is not None:
+            raise held.error
 
     def signal_fence(self, signum: int) -> int:
         return signal_namespace(self._pid_ns, self._reaper_pid, signum)

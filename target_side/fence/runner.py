@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import errno
 import fcntl
-import json
 import os
 import signal
 import struct
@@ -34,7 +33,7 @@ from shared.exit_status import ExitStatus, for_signal, signal_of
 from shared.wire import Refusal
 from target_side.errors import LauncherError, StorageError
 from target_side.fence import pipes
-from target_side.fence.gate import Gate, sandbox_of
+from target_side.fence.gate import Gate, sandbox_of, status_record
 from target_side.fence.identity import FenceProcess
 from target_side.fence.limits import Usage
 from target_side.policy import refusals
@@ -331,11 +330,11 @@ class RunningTurn:
             self._status.started.set()
 
     async def _absorb_status(self, line: bytes) -> None:
-        with contextlib.suppress(ValueError, TypeError, AttributeError):
-            record = json.loads(line)
+        record = status_record(line)
+        with contextlib.suppress(ValueError, TypeError):
             if "exit-code" in record:
                 self._status.exit_code = int(record["exit-code"])
-        sandbox = sandbox_of(line)
+        sandbox = sandbox_of(record)
         if sandbox is not None:
             self._status.child_pid, self._status.pid_namespace = sandbox
             await self._open_gate(*sandbox)
