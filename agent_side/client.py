@@ -72,12 +72,14 @@ from shared.wire import (
     SignalRequest,
     Turn,
     TurnRequest,
+    is_turn_id,
 )
 
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
 """Reads allow 30 s of silence: twice the target's default heartbeat on event streams."""
 
 _Model = TypeVar("_Model", bound=BaseModel)
+_Answer = TypeVar("_Answer")
 
 
 class _TurnList(RootModel[list[Turn]]):
@@ -86,6 +88,10 @@ class _TurnList(RootModel[list[Turn]]):
 
 EVENTS_ACCEPT = f"{FRAMES_MEDIA_TYPE}, text/event-stream;q=0.5"
 """Frames from a target that has them; the event stream from one that does not."""
+
+STREAMED_SUBMIT_ACCEPT = f"{FRAMES_MEDIA_TYPE}, application/json;q=0.5"
+"""The turn's frames in answer to its submission; the new turn alone from a target that
+answers a submission with nothing else."""
 
 
 class _LeaseList(RootModel[list[Lease]]):
@@ -228,6 +234,77 @@ class TargetClient:
             () if idempotency_key is None else (ConnectionDropped,)
         )
         return self._retrying(attempt, retry_on=dropped, while_busy=wait_busy)
+
+    def submit_and_follow(
+        self,
+        request: TurnRequest,
+        idempotency_key: str,
+        on_submitted: Callable[[str], None],
+    ) -> Iterator[Event]:
+        """Start a turn and yield each of its events exactly once, to its end.
+
+        One request where the target answers a submission with the turn's
+        frames (its id in ``Location``): a round trip less than ``submit``
+        then ``follow``, which is what happens with a target that answers
+        with the turn alone, or when this client does not take frames. The
+        submission is retried with its key until the target answers; once
+        the turn's id is known, a broken stream is resumed by ``follow``.
+        ``on_submitted`` gets the turn's id before its first event.
+        """
+        if self._accept != EVENTS_ACCEPT:
+            turn = self.submit(request, idempotency_key)
+            on_submitted(turn.turn_id)
+            yield from self.follow(turn.turn_id)
+            return
+        response = self._retrying(
+            lambda: self._submit_streamed(request, idempotency_key),
+            retry_on=(ConnectionDropped,),
+            while_busy=True,
+        )
+        cursor = 0
+        try:
+            if _media_type(response) != FRAMES_MEDIA_TYPE:
+                response.read()
+                turn_id = self._model(Turn, response, 201, 200).turn_id
+                on_submitted(turn_id)
+            else:
+                turn_id = _turn_id_at(response)
+                on_submitted(turn_id)
+                with self._mapped("/v1/turns"):
+                    for event in _frame_events(response.iter_raw()):
+                        if event.seq <= cursor:
+                            continue
+                        cursor = event.seq
+                        yield event
+                        if event.kind in TERMINAL_KINDS:
+                            return
+        except (ConnectionDropped, TargetUnreachable):
+            pass  # the turn runs on: followed from its last event delivered
+        finally:
+            response.close()
+        yield from self.follow(turn_id, after=cursor)
+
+    def _submit_streamed(self, request: TurnRequest, idempotency_key: str) -> httpx.Response:
+        """The open answer to a submission asking for the turn's frames; the caller closes it."""
+        self._require_open()
+        headers = {
+            **self._auth,
+            "Idempotency-Key": idempotency_key,
+            "Content-Type": "application/json",
+            "Accept": STREAMED_SUBMIT_ACCEPT,
+        }
+        body = request.model_dump_json(exclude_none=True).encode()
+        with self._mapped("/v1/turns"):
+            sent = self._http.build_request("POST", "/v1/turns", content=body, headers=headers)
+            response = self._http.send(sent, stream=True)
+        self._answered = True
+        if not response.is_success:
+            try:
+                response.read()
+            finally:
+                response.close()
+            raise _status_error(response, turn_id=None)
+        return response
 
     def turn(self, turn_id: str) -> Turn:
         """The turn as the target knows it now."""
@@ -487,10 +564,10 @@ class TargetClient:
 
     def _retrying(
         self,
-        attempt: Callable[[], _Model],
+        attempt: Callable[[], _Answer],
         retry_on: tuple[type[AgentError], ...],
         while_busy: bool = False,
-    ) -> _Model:
+    ) -> _Answer:
         delays = self._retry.delays()
         busy_left = self._retry.busy_s
         while True:
@@ -641,6 +718,17 @@ def _segment(ident: str, what: str = "turn id") -> str:
 
 def _media_type(response: httpx.Response) -> str:
     return response.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+def _turn_id_at(response: httpx.Response) -> str:
+    """The id of the turn a streamed submission started, from its ``Location``."""
+    location = response.headers.get("location", "")
+    prefix, _, turn_id = location.rpartition("/")
+    if prefix != "/v1/turns" or not is_turn_id(turn_id):
+        raise ProtocolError(
+            f"a submission answered with frames but Location {location!r}, not /v1/turns/TURN"
+        )
+    return turn_id
 
 
 def _require_event_stream(response: httpx.Response) -> None:

@@ -1,8 +1,9 @@
 """One turn, from request to final status: the part the CLI and the Python API share.
 
-``drive`` submits with an idempotency key, follows the event stream to its
-terminal event (resuming by cursor through dropped connections), and reads the
-turn's final state; ``follow_turn`` does the same for a turn that exists,
+``drive`` submits with an idempotency key and follows the event stream to its
+terminal event (one request where the target streams the submission's answer;
+resuming by cursor through dropped connections), and reads the turn's final
+state; ``follow_turn`` does the same for a turn that exists,
 after a given event (``paddock attach``); ``exit_status`` turns that into its status
 (docs/design.md);
 ``sole_role`` is the role a request runs as when none is named. Both callers go
@@ -14,7 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pydantic import ValidationError
@@ -111,12 +112,20 @@ def drive(
     on_event: Callable[[Event], None],
     on_submitted: Callable[[str], None] | None = None,
 ) -> Finished:
-    """Run ``request`` to its end, handing each event to ``on_event`` exactly once."""
-    turn = client.submit(request, idempotency_key=str(uuid.uuid4()))
-    if on_submitted is not None:
-        on_submitted(turn.turn_id)
-    # Followed even when refused at submission: the stream carries its refused event.
-    return follow_turn(client, turn.turn_id, on_event)
+    """Run ``request`` to its end, handing each event to ``on_event`` exactly once.
+
+    Followed even when refused at submission: the stream carries its refused event.
+    """
+    submitted: list[str] = []
+
+    def started(turn_id: str) -> None:
+        submitted.append(turn_id)
+        if on_submitted is not None:
+            on_submitted(turn_id)
+
+    events = client.submit_and_follow(request, str(uuid.uuid4()), started)
+    terminal = _deliver(events, on_event)
+    return _finished(client, submitted[0], terminal)
 
 
 def follow_turn(
@@ -127,11 +136,21 @@ def follow_turn(
     When every event was delivered before (``after`` is the terminal one), none
     comes, and the status is the finished turn's own.
     """
+    terminal = _deliver(client.follow(turn_id, after=after), on_event)
+    return _finished(client, turn_id, terminal)
+
+
+def _deliver(events: Iterable[Event], on_event: Callable[[Event], None]) -> Event | None:
+    """Hand every event to ``on_event``; the terminal one, if it came."""
     terminal: Event | None = None
-    for event in client.follow(turn_id, after=after):
+    for event in events:
         on_event(event)
         if event.kind in TERMINAL_KINDS:
             terminal = event
+    return terminal
+
+
+def _finished(client: TargetClient, turn_id: str, terminal: Event | None) -> Finished:
     # The terminal event carries the ended turn (from targets that send it): no GET needed.
     ended = getattr(terminal, "turn", None)
     return Finished(ended if ended is not None else client.turn(turn_id), terminal)

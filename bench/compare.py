@@ -9,7 +9,8 @@ afterwards) and a target process of its own, started once. Then the rounds
 alternate between the two, so that the machine's drift, and the state of its
 disk, fall on both alike. One round, on one side:
 
-- 100 sequential ``true`` turns (``TargetClient`` submit and follow): their p50,
+- 100 sequential ``true`` turns, each as the side's own ``TargetClient`` runs one
+  (``submit_and_follow`` where it has it, else submit and follow): their p50,
   and the target's CPU per turn (user + system, from ``/proc``);
 - 200 concurrent ``sleep 1`` turns, each from its own thread and connection: the
   wall from the first submission to the last exit.
@@ -31,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -171,13 +173,19 @@ def _serve_rounds(place: Path) -> int:
 # The side's own modules, imported from its checkout, so this file does not import them (nor
 # reuse `concurrency`'s burst, whose shape an older revision need not share): typed loosely.
 def _run(client: Any, request: Any) -> None:
-    """One turn to its end; one that did not exit 0 is not a sample: the side stops, saying so."""
-    turn = client.submit(request)
+    """One turn to its end, as the side's own client runs one (in one request where it can);
+    one that did not exit 0 is not a sample: the side stops, saying so."""
+    turn_ids: list[str] = []
+    if hasattr(client, "submit_and_follow"):
+        events = client.submit_and_follow(request, uuid.uuid4().hex, turn_ids.append)
+    else:
+        turn_ids.append(client.submit(request).turn_id)
+        events = client.follow(turn_ids[0])
     last = None
-    for event in client.follow(turn.turn_id):
+    for event in events:
         last = event
     if getattr(last, "kind", None) != "exit" or getattr(last, "exit_code", None) != 0:
-        raise SystemExit(f"compare: turn {turn.turn_id} ended with {last!r}; nothing timed")
+        raise SystemExit(f"compare: turn {turn_ids} ended with {last!r}; nothing timed")
 
 
 def _sequential(pid: int, client: Any, request: Any) -> dict[str, float]:

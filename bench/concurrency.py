@@ -4,8 +4,9 @@ Two loads, each run a few rounds: 50 turns of ``true`` at once (how many turns
 a second the target gets through) and 200 turns of ``sleep 1`` at once (how
 long until the last has ended: the target's own cost is what the wall time
 adds to one second). Each turn has its agent: a thread with its own client
-and connection, opened and warmed before the clock starts, which submits and
-follows its turn to the exit event. The baselines start the same commands
+and connection, opened and warmed before the clock starts, which runs its turn
+as every agent does (``drive``: one request, submission and stream, where the
+target answers so) to the exit event. The baselines start the same commands
 bare, all at once, in the same run: as processes, and in bubblewrap with the
 fence's flags.
 """
@@ -18,6 +19,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from agent_side.turns import drive
 from bench.common import Samples, ratio, render_table, with_failures
 from bench.latency import BARE_BWRAP
 from bench.targets import ROLE, TargetInfo, target_process
@@ -87,12 +89,10 @@ def _turns(target: TargetInfo, load: Load, failures: list[str]) -> float:
             with target.client() as client:
                 client.health()  # connected and through TLS before the clock starts
                 ready.wait(START_TIMEOUT_S)
-                turn = client.submit(request)
-                last = None
-                for event in client.follow(turn.turn_id):
-                    last = event
+                finished = drive(client, request, lambda event: None)
+                last = finished.terminal
                 if not (isinstance(last, ExitEvent) and last.exit_code == 0):
-                    outcome = f"{load.label}: turn {turn.turn_id} ended with {last!r}"
+                    outcome = f"{load.label}: turn {finished.turn.turn_id} ended with {last!r}"
         except BaseException as exc:  # reported below, with the others
             outcome = f"{load.label}: {exc!r}"
             ready.abort()

@@ -31,8 +31,10 @@ from scripted_server import (
     closed_port,
     frame,
     problem,
+    reply,
     reply_events,
     reply_json,
+    script_turn,
     scripted_stream,
     turn_json,
 )
@@ -314,3 +316,29 @@ def test_submit_with_a_key_is_retried_after_a_dropped_exchange(scripted: Scripte
         assert client.submit(request, idempotency_key="key-1").turn_id == TURN_ID
     assert calls == ["key-1", "key-1"]
     assert json.loads(scripted.paths("POST", "/v1/turns")[1].body)["argv"] == ["true"]
+
+
+def test_a_target_answering_a_submission_with_the_turn_alone_is_followed_after_it(
+    scripted: Scripted,
+) -> None:
+    """A target from before streamed submissions: submit, then follow, as before."""
+    exited = {**EXIT, "seq": 2}
+    script_turn(scripted, frame(STARTED) + frame(exited), turn_json(state="exited", exit_code=3))
+    seen: list[str] = []
+    with client_for(scripted) as client:
+        request = TurnRequest(role="default", argv=["true"])
+        events = list(client.submit_and_follow(request, "key-2", seen.append))
+    assert [e.kind for e in events] == ["started", "exit"] and seen == [TURN_ID]
+    (post,) = scripted.paths("POST", "/v1/turns")
+    assert post.headers["Accept"].startswith("application/x-paddock-frames")
+    assert post.headers["Idempotency-Key"] == "key-2"
+    assert len(scripted.paths("GET", f"/v1/turns/{TURN_ID}/events")) == 1
+
+
+def test_a_streamed_submission_must_say_where_its_turn_is(scripted: Scripted) -> None:
+    def route(handler: Handler, seen: Seen) -> None:
+        reply(handler, 201, b"", "application/x-paddock-frames")
+
+    scripted.routes["POST", "/v1/turns"] = route
+    with client_for(scripted) as client, pytest.raises(ProtocolError, match="Location ''"):
+        list(client.submit_and_follow(TurnRequest(role="default", argv=["true"]), "k", print))

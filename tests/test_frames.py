@@ -132,7 +132,7 @@ def test_frames_only_when_accept_asks_for_them(
     assert response.headers["content-type"] == expected
 
 
-def test_client_follows_frames_and_needs_no_get_for_the_end(target: Target) -> None:
+def test_client_runs_a_turn_in_one_request_and_needs_no_get_for_the_end(target: Target) -> None:
     requests: list[str] = []
     with TargetClient(target.url, BUILDER_TOKEN, cacert=target.cacert) as client:
         client._http.event_hooks["request"].append(lambda r: requests.append(r.url.path))
@@ -140,7 +140,41 @@ def test_client_follows_frames_and_needs_no_get_for_the_end(target: Target) -> N
         finished = drive(client, TurnRequest(role="builder", argv=PRINT), seen.append)
     assert finished.exit_status == 0 and finished.turn.state == "exited"
     assert b"".join(output_bytes(e) for e in seen if isinstance(e, OutputEvent)) == BYTES
-    assert [p for p in requests if not p.endswith("/events")] == ["/v1/turns"]
+    assert requests == ["/v1/turns"]
+
+
+def _submitted(c: httpx.Client, key: str, **request: object) -> tuple[str, list[frames.Frame]]:
+    body = {"role": "builder", **request}
+    headers = {"Accept": frames.MEDIA_TYPE, "Idempotency-Key": key}
+    with c.stream("POST", "/v1/turns", json=body, headers=headers) as r:
+        assert r.status_code == 201
+        assert r.headers["content-type"] == frames.MEDIA_TYPE
+        data = b"".join(r.iter_raw())
+    prefix, _, turn_id = r.headers["location"].rpartition("/")
+    assert prefix == "/v1/turns"
+    return turn_id, frames.FrameDecoder().feed(data)
+
+
+def test_a_submission_asking_for_frames_is_answered_with_the_whole_turn(
+    client: httpx.Client,
+) -> None:
+    turn_id, found = _submitted(client, "streamed-1", argv=PRINT)
+    assert [f.seq for f in found] == list(range(1, len(found) + 1))
+    assert found[0].kind == "started" and found[-1].kind == "exit"
+    assert b"".join(f.payload for f in found if f.kind == "stdout") == BYTES
+    end = EVENTS.validate_json(found[-1].payload)
+    assert isinstance(end, ExitEvent) and end.turn is not None and end.turn.turn_id == turn_id
+    # What the events route serves for it, frame for frame.
+    assert found == _frames_of(client, turn_id)
+    # The same key again: the same turn, its stream from the start, and no second turn.
+    assert _submitted(client, "streamed-1", argv=PRINT) == (turn_id, found)
+    # A refused turn is a turn too: its stream is its refusal.
+    refused_id, refusal = _submitted(client, "streamed-2", argv=["true"], cwd="/proc")
+    assert [f.kind for f in refusal] == ["refused"] and refused_id != turn_id
+    # Asked for JSON (or nothing), the answer is the turn alone, as it always was.
+    plain = client.post("/v1/turns", json={"role": "builder", "argv": ["true"]})
+    assert plain.status_code == 201 and plain.headers["content-type"] == "application/json"
+    assert plain.headers["location"] == f"/v1/turns/{plain.json()['turn_id']}"
 
 
 def test_a_spool_from_before_frames_is_still_served_both_ways(tmp_path: Path) -> None:

@@ -108,3 +108,32 @@ def test_follow_through_dropped_connections_delivers_every_byte_once(
     assert seqs == list(range(1, len(seqs) + 1))
     assert proxy.cuts_left == 0, "the proxy never cut the stream: the test proved nothing"
     assert framings == {frames}
+
+
+def test_a_turn_run_in_one_request_resumes_through_dropped_connections(
+    target: Target, proxy: CuttingProxy
+) -> None:
+    """The submission's own stream cut: the rest comes by the events route, every byte once."""
+    count = 1_500_000
+    expected = hashlib.sha256(
+        subprocess.run(["seq", str(count)], capture_output=True, check=True).stdout
+    )
+    got = hashlib.sha256()
+    seqs: list[int] = []
+    paths: list[str] = []
+    submitted: list[str] = []
+    with TargetClient(
+        f"https://127.0.0.1:{proxy.port}", BUILDER_TOKEN, cacert=target.cacert
+    ) as client:
+        client._http.event_hooks["request"].append(lambda r: paths.append(r.url.path))
+        events = client.submit_and_follow(
+            TurnRequest(role="builder", argv=["seq", str(count)]), "resume-one", submitted.append
+        )
+        for event in events:
+            seqs.append(event.seq)
+            if isinstance(event, OutputEvent) and event.kind == "stdout":
+                got.update(output_bytes(event))
+    assert got.hexdigest() == expected.hexdigest()
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert proxy.cuts_left == 0, "the proxy never cut the stream: the test proved nothing"
+    assert len(submitted) == 1 and paths[-1] == f"/v1/turns/{submitted[0]}/events"

@@ -19,7 +19,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, Query, Request, Security
+from fastapi import Depends, FastAPI, Header, Query, Request, Response, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi_offline import FastAPIOffline
@@ -79,6 +79,7 @@ from target_side.service.openapi import (
     RAW_BYTES,
     RESIZE_409,
     SESSION_LINKS,
+    SUBMITTED_FRAMES,
     TITLE,
     TURN_409,
     TURN_LINKS,
@@ -94,6 +95,9 @@ from target_side.service.turns import TurnManager, TurnRecord
 from target_side.tools import config_file
 
 log = logging.getLogger("paddock.target")
+
+STREAM_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no", "Vary": "Accept"}
+"""An event stream is the turn's now: no cache keeps it, no proxy holds it back."""
 
 
 def create_app(
@@ -176,9 +180,14 @@ def create_app(
         status_code=201,
         operation_id="submitTurn",
         summary="Start a turn",
+        response_model=Turn,
         response_description="The new turn: running, or already refused",
         responses={
-            201: {"links": TURN_LINKS},
+            201: {
+                "links": TURN_LINKS,
+                "headers": {"Location": {"description": "the turn: /v1/turns/{turn_id}"}},
+                "content": {FRAMES_MEDIA_TYPE: SUBMITTED_FRAMES},
+            },
             **errors(
                 400,
                 401,
@@ -194,13 +203,33 @@ def create_app(
         },
     )
     async def submit(
-        request: TurnRequest, roles: Roles, idempotency_key: IdempotencyKey = None
-    ) -> Turn:
-        """Start a turn (in a session's shell with ``session``). A refused turn is a turn too."""
+        request: TurnRequest,
+        roles: Roles,
+        response: Response,
+        http: Request,
+        idempotency_key: IdempotencyKey = None,
+    ) -> Turn | StreamingResponse:
+        """Start a turn (in a session's shell with ``session``). A refused turn is a turn too.
+
+        Asked for frames (``Accept``), the answer is the turn's event stream, from its first
+        event: a client needs no second request to follow it.
+        """
         require_role(roles, request.role)
         if request.session is not None:
-            return await manager.sessions.submit_turn(request, idempotency_key)
-        return await manager.submit(request, idempotency_key)
+            turn = await manager.sessions.submit_turn(request, idempotency_key)
+        else:
+            turn = await manager.submit(request, idempotency_key)
+        location = f"/v1/turns/{turn.turn_id}"
+        if not _asks_for_frames(http.headers.get("accept", "")):
+            response.headers["Location"] = location
+            return turn
+        stream = _frames(manager.get(turn.turn_id, roles), 0, None, settings.server.heartbeat_s)
+        return StreamingResponse(
+            stream,
+            status_code=201,
+            media_type=FRAMES_MEDIA_TYPE,
+            headers={**STREAM_HEADERS, "Location": location},
+        )
 
     @app.get(
         "/v1/turns/{turn_id}",
@@ -243,7 +272,7 @@ def create_app(
         return StreamingResponse(
             stream,
             media_type=media_type,
-            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no", "Vary": "Accept"},
+            headers=STREAM_HEADERS,
         )
 
     @app.post(

@@ -161,6 +161,17 @@ EVENT_STREAM: dict[str, Any] = {
         },
     },
 }
+SUBMITTED_FRAMES: dict[str, Any] = {
+    "schema": {
+        "type": "string",
+        "format": "binary",
+        "description": "With `Accept: application/x-paddock-frames`: the new turn's frames from "
+        "its first event to its terminal one, as `GET /v1/turns/{turn_id}/events` would "
+        "answer them, in the same response (`Location` names the turn). A client whose "
+        "stream breaks goes on with that route after the last seq it got.",
+    }
+}
+"""The second answer of ``201``: one round trip for a turn, start to end."""
 RAW_BYTES: dict[str, Any] = {
     "required": False,
     "description": "bytes for the turn's stdin, as they are (none: only `eof` acts)",
