@@ -621,6 +621,20 @@ MUTATIONS += (
         ("tests/test_durability.py -k started_at_is_bubblewraps",),
     ),
     Mutation(
+        "streamed-turn-resumed-from-its-start",
+        "agent_side/client.py",
+        "        yield from self.follow(turn_id, after=cursor)",
+        "        yield from self.follow(turn_id, after=0)",
+        ("tests/test_resume.py -k one_request",),
+    ),
+    Mutation(
+        "streamed-submission-retried-without-its-key",
+        "agent_side/client.py",
+        '            "Idempotency-Key": idempotency_key,\n',
+        "",
+        ("tests/test_client.py -k streamed_submission_is_retried",),
+    ),
+    Mutation(
         "worker-takes-a-turns-pid",
         "target_side/fence/limits.py",
         "        seats = self.worker.seats if self.worker is not None else 0",

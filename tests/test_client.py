@@ -342,3 +342,26 @@ def test_a_streamed_submission_must_say_where_its_turn_is(scripted: Scripted) ->
     scripted.routes["POST", "/v1/turns"] = route
     with client_for(scripted) as client, pytest.raises(ProtocolError, match="Location ''"):
         list(client.submit_and_follow(TurnRequest(role="default", argv=["true"]), "k", print))
+
+
+def test_a_streamed_submission_is_retried_with_its_key_after_a_dropped_exchange(
+    scripted: Scripted,
+) -> None:
+    """The answer lost before its headers: asked again with the same key, so no second turn."""
+    keys: list[str] = []
+
+    def route(handler: Handler, seen: Seen) -> None:
+        keys.append(seen.headers["Idempotency-Key"])
+        if len(keys) == 1:
+            handler.close_connection = True
+            handler.connection.shutdown(socket.SHUT_RDWR)
+            return
+        reply_json(handler, 201, turn_json())
+
+    scripted.routes["POST", "/v1/turns"] = route
+    scripted_stream(scripted, (frame(STARTED) + frame({**EXIT, "seq": 2}), False))
+    with client_for(scripted) as client:
+        request = TurnRequest(role="default", argv=["true"])
+        events = list(client.submit_and_follow(request, "key-3", lambda turn_id: None))
+    assert [e.seq for e in events] == [1, 2]
+    assert keys == ["key-3", "key-3"]
