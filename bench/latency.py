@@ -181,7 +181,7 @@ def run(runs: int, slow_runs: int) -> str:
             _client_row("paddock client, target process", separate_client, splits),
             _events_to_end_row(stack.enter_context(separate.client())),
             *_http_floor_rows(separate, stack.enter_context(separate.client())),
-            _api_row(API_HTTPS, stack.enter_context(separate.https()), "keyed submit + follow"),
+            _api_row(API_HTTPS, stack.enter_context(separate.https()), "one request, streamed"),
             _cli_row(CLI_COLD, separate, ["--no-mux"], "in-process: imports, TLS, turn"),
             _cli_row(
                 CLI_STARTING,

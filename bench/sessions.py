@@ -87,7 +87,7 @@ def run(runs: int) -> str:
                 FRESH_SHELL,
                 "the session's shell",
             ),
-            Row(API_FRESH, _api(lambda: api.run(["true"])), None, "keyed submit + follow"),
+            Row(API_FRESH, _api(lambda: api.run(["true"])), None, "one request, streamed"),
             Row(API_SESSION, _api(lambda: api_session.run(["true"])), API_FRESH, "the same"),
             Row(OPEN_CLOSE, lambda: _open_close(client), FRESH, "once per session"),
         ]
