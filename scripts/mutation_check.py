@@ -635,6 +635,13 @@ MUTATIONS += (
         ("tests/test_client.py -k streamed_submission_is_retried",),
     ),
     Mutation(
+        "httpx-command-line-loaded",
+        "agent_side/cli.py",
+        '    sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]\n',
+        "    pass\n",
+        ("tests/test_cli_imports.py -k executable",),
+    ),
+    Mutation(
         "worker-takes-a-turns-pid",
         "target_side/fence/limits.py",
         "        seats = self.worker.seats if self.worker is not None else 0",

@@ -21,15 +21,19 @@ HEAVY = ("httpx", "pydantic", "shared.wire", "paramiko", "asyncio", "cryptograph
 
 
 def loaded_by(
-    argv: list[str], env: dict[str, str] | None = None, watch: tuple[str, ...] = HEAVY
+    argv: list[str],
+    env: dict[str, str] | None = None,
+    watch: tuple[str, ...] = HEAVY,
+    executable: bool = False,
 ) -> tuple[int, list[str]]:
     """``cli.main(argv)`` in a fresh interpreter: its status, and the ``watch`` modules it
-    loaded."""
+    loaded; with ``executable``, set up as the ``paddock`` executable sets it up first."""
     probe = (
         "import json, sys\n"
         "from agent_side import cli\n"
+        f"{'cli.skip_httpx_command_line()' if executable else ''}\n"
         f"status = cli.main({argv!r})\n"
-        f"heavy = [m for m in {watch!r} if m in sys.modules]\n"
+        f"heavy = [m for m in {watch!r} if sys.modules.get(m) is not None]\n"
         "print(json.dumps([status, heavy]), file=sys.stderr)\n"
     )
     base = {k: v for k, v in os.environ.items() if not k.startswith("PADDOCK_")}
@@ -60,3 +64,11 @@ def test_cli_health_loads_no_ssh_and_no_asyncio(target: Target) -> None:
     status, heavy = loaded_by(["health"], env)
     assert status in (0, 1)
     assert set(heavy) == {"httpx", "pydantic", "shared.wire"}
+
+
+def test_the_executable_loads_httpx_without_its_command_line(target: Target) -> None:
+    """httpx's own command line brings click and rich (installed here, as on many machines)."""
+    env = {"PADDOCK_TARGET": target.url, "PADDOCK_CACERT": target.cacert}
+    watch = ("httpx", "httpx._main", "click", "rich")
+    status, heavy = loaded_by(["health"], env, watch, executable=True)
+    assert status in (0, 1) and heavy == ["httpx"]
