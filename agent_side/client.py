@@ -264,7 +264,6 @@ class TargetClient:
         cursor = 0
         try:
             if _media_type(response) != FRAMES_MEDIA_TYPE:
-                response.read()
                 turn_id = self._model(Turn, response, 201, 200).turn_id
                 on_submitted(turn_id)
             else:
@@ -285,7 +284,9 @@ class TargetClient:
         yield from self.follow(turn_id, after=cursor)
 
     def _submit_streamed(self, request: TurnRequest, idempotency_key: str) -> httpx.Response:
-        """The open answer to a submission asking for the turn's frames; the caller closes it."""
+        """The answer to a submission asking for the turn's frames, open (the caller closes
+        it) when it is frames, else read whole: a break before the turn's id is known is
+        one the submission is retried through."""
         self._require_open()
         headers = {
             **self._auth,
@@ -297,12 +298,13 @@ class TargetClient:
         with self._mapped("/v1/turns"):
             sent = self._http.build_request("POST", "/v1/turns", content=body, headers=headers)
             response = self._http.send(sent, stream=True)
-        self._answered = True
+            self._answered = True
+            if not response.is_success or _media_type(response) != FRAMES_MEDIA_TYPE:
+                try:
+                    response.read()
+                finally:
+                    response.close()
         if not response.is_success:
-            try:
-                response.read()
-            finally:
-                response.close()
             raise _status_error(response, turn_id=None)
         return response
 

@@ -635,6 +635,13 @@ MUTATIONS += (
         ("tests/test_client.py -k streamed_submission_is_retried",),
     ),
     Mutation(
+        "turn-answered-alone-read-outside-the-retry",
+        "agent_side/client.py",
+        "            if not response.is_success or _media_type(response) != FRAMES_MEDIA_TYPE:\n",
+        "            if not response.is_success:\n",
+        ("tests/test_client.py -k cut_short",),
+    ),
+    Mutation(
         "httpx-command-line-loaded",
         "agent_side/cli.py",
         '    sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]\n',

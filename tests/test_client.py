@@ -365,3 +365,31 @@ def test_a_streamed_submission_is_retried_with_its_key_after_a_dropped_exchange(
         events = list(client.submit_and_follow(request, "key-3", lambda turn_id: None))
     assert [e.seq for e in events] == [1, 2]
     assert keys == ["key-3", "key-3"]
+
+
+def test_a_turn_answered_alone_and_cut_short_is_asked_for_again(scripted: Scripted) -> None:
+    """A target from before streamed submissions, its answer broken mid-body: the turn's
+    id never arrived, so the submission is retried with its key rather than followed."""
+    keys: list[str] = []
+
+    def route(handler: Handler, seen: Seen) -> None:
+        keys.append(seen.headers["Idempotency-Key"])
+        if len(keys) > 1:
+            reply_json(handler, 201, turn_json())
+            return
+        body = turn_json().encode()
+        handler.send_response(201)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body[:10])
+        handler.wfile.flush()
+        handler.close_connection = True
+        handler.connection.shutdown(socket.SHUT_RDWR)
+
+    scripted.routes["POST", "/v1/turns"] = route
+    scripted_stream(scripted, (frame(STARTED) + frame({**EXIT, "seq": 2}), False))
+    with client_for(scripted) as client:
+        request = TurnRequest(role="default", argv=["true"])
+        events = list(client.submit_and_follow(request, "key-4", lambda turn_id: None))
+    assert [e.seq for e in events] == [1, 2] and keys == ["key-4", "key-4"]
