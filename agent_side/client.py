@@ -256,8 +256,9 @@ class TargetClient:
             on_submitted(turn.turn_id)
             yield from self.follow(turn.turn_id)
             return
+        body = request.model_dump_json(exclude_none=True).encode()
         response = self._retrying(
-            lambda: self._submit_streamed(request, idempotency_key),
+            lambda: self._submit_streamed(body, idempotency_key),
             retry_on=(ConnectionDropped,),
             while_busy=True,
         )
@@ -283,7 +284,7 @@ class TargetClient:
             response.close()
         yield from self.follow(turn_id, after=cursor)
 
-    def _submit_streamed(self, request: TurnRequest, idempotency_key: str) -> httpx.Response:
+    def _submit_streamed(self, body: bytes, idempotency_key: str) -> httpx.Response:
         """The answer to a submission asking for the turn's frames, open (the caller closes
         it) when it is frames, else read whole: a break before the turn's id is known is
         one the submission is retried through."""
@@ -294,7 +295,6 @@ class TargetClient:
             "Content-Type": "application/json",
             "Accept": STREAMED_SUBMIT_ACCEPT,
         }
-        body = request.model_dump_json(exclude_none=True).encode()
         with self._mapped("/v1/turns"):
             sent = self._http.build_request("POST", "/v1/turns", content=body, headers=headers)
             response = self._http.send(sent, stream=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -299,18 +299,41 @@ def test_follow_ends_for_a_finished_turn_with_no_terminal_event(scripted: Script
         assert [e.seq for e in client.follow(TURN_ID)] == [1]
 
 
-def test_submit_with_a_key_is_retried_after_a_dropped_exchange(scripted: Scripted) -> None:
-    calls: list[str] = []
+def _submissions_broken_once(scripted: Scripted, first: Callable[[Handler], None]) -> list[str]:
+    """The first submission's answer broken by ``first``, later ones answered with the turn;
+    returns the Idempotency-Key of each submission, as it comes."""
+    keys: list[str] = []
 
     def route(handler: Handler, seen: Seen) -> None:
-        calls.append(seen.headers["Idempotency-Key"])
-        if len(calls) == 1:
-            handler.close_connection = True
-            handler.connection.shutdown(socket.SHUT_RDWR)
+        keys.append(seen.headers["Idempotency-Key"])
+        if len(keys) > 1:
+            reply_json(handler, 201, turn_json())
             return
-        reply_json(handler, 201, turn_json())
+        first(handler)
+        handler.close_connection = True
+        handler.connection.shutdown(socket.SHUT_RDWR)
 
     scripted.routes["POST", "/v1/turns"] = route
+    return keys
+
+
+def _nothing(handler: Handler) -> None:
+    """No answer at all: the connection is closed on the request."""
+
+
+def _half_a_turn(handler: Handler) -> None:
+    """The turn's headers, and ten bytes of a body that promised more."""
+    body = turn_json().encode()
+    handler.send_response(201)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body[:10])
+    handler.wfile.flush()
+
+
+def test_submit_with_a_key_is_retried_after_a_dropped_exchange(scripted: Scripted) -> None:
+    calls = _submissions_broken_once(scripted, _nothing)
     request = TurnRequest(role="default", argv=["true"])
     with client_for(scripted) as client:
         assert client.submit(request, idempotency_key="key-1").turn_id == TURN_ID
@@ -348,17 +371,7 @@ def test_a_streamed_submission_is_retried_with_its_key_after_a_dropped_exchange(
     scripted: Scripted,
 ) -> None:
     """The answer lost before its headers: asked again with the same key, so no second turn."""
-    keys: list[str] = []
-
-    def route(handler: Handler, seen: Seen) -> None:
-        keys.append(seen.headers["Idempotency-Key"])
-        if len(keys) == 1:
-            handler.close_connection = True
-            handler.connection.shutdown(socket.SHUT_RDWR)
-            return
-        reply_json(handler, 201, turn_json())
-
-    scripted.routes["POST", "/v1/turns"] = route
+    keys = _submissions_broken_once(scripted, _nothing)
     scripted_stream(scripted, (frame(STARTED) + frame({**EXIT, "seq": 2}), False))
     with client_for(scripted) as client:
         request = TurnRequest(role="default", argv=["true"])
@@ -370,24 +383,7 @@ def test_a_streamed_submission_is_retried_with_its_key_after_a_dropped_exchange(
 def test_a_turn_answered_alone_and_cut_short_is_asked_for_again(scripted: Scripted) -> None:
     """A target from before streamed submissions, its answer broken mid-body: the turn's
     id never arrived, so the submission is retried with its key rather than followed."""
-    keys: list[str] = []
-
-    def route(handler: Handler, seen: Seen) -> None:
-        keys.append(seen.headers["Idempotency-Key"])
-        if len(keys) > 1:
-            reply_json(handler, 201, turn_json())
-            return
-        body = turn_json().encode()
-        handler.send_response(201)
-        handler.send_header("Content-Type", "application/json")
-        handler.send_header("Content-Length", str(len(body)))
-        handler.end_headers()
-        handler.wfile.write(body[:10])
-        handler.wfile.flush()
-        handler.close_connection = True
-        handler.connection.shutdown(socket.SHUT_RDWR)
-
-    scripted.routes["POST", "/v1/turns"] = route
+    keys = _submissions_broken_once(scripted, _half_a_turn)
     scripted_stream(scripted, (frame(STARTED) + frame({**EXIT, "seq": 2}), False))
     with client_for(scripted) as client:
         request = TurnRequest(role="default", argv=["true"])
