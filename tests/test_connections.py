@@ -19,7 +19,7 @@ from process_support import TargetProcess, target_process, write_config
 
 from shared.walk import canonical_path
 from target_side.service.connections import ConnectionGuard
-from target_side.service.server import ServerThread, listen
+from target_side.service.server import ServerThread, listen, uvicorn_config
 
 FLOOD = 2000
 PARTIAL_HEAD = b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
@@ -169,3 +169,12 @@ async def test_a_late_report_of_a_closed_connection_leaves_its_successor_on_the_
     finally:
         for sock in (first_peer, second, second_peer):
             sock.close()
+
+
+def test_the_server_keeps_to_asyncios_own_loop_even_where_uvloop_is_installed(
+    tmp_path: Path,
+) -> None:
+    # uvicorn's "auto" takes uvloop wherever it is importable; under it a burst of turns met
+    # closed descriptors when starting bubblewrap. Pinned, whatever a deployment installs.
+    config = uvicorn_config(local_settings(tmp_path))
+    assert config.loop == "asyncio"

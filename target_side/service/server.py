@@ -53,6 +53,11 @@ def uvicorn_config(
         ssl_keyfile=server.tls_key,
         http=guarded_h11(guard),
         ws="none",
+        # Never uvloop, which uvicorn's "auto" takes wherever it is installed (uvicorn[standard]
+        # brings it): the fence hands descriptors between the loop and the threads that start
+        # bubblewrap, and under uvloop a burst of turns met closed descriptors
+        # ("could not start bubblewrap: Bad file descriptor") and once the server's end.
+        loop="asyncio",
         log_level=log_level,
         proxy_headers=False,
         server_header=False,
