@@ -649,6 +649,13 @@ MUTATIONS += (
         ("tests/test_cli_imports.py -k executable",),
     ),
     Mutation(
+        "server-on-whatever-loop-is-installed",
+        "target_side/service/server.py",
+        '        loop="asyncio",\n',
+        "",
+        ("tests/test_connections.py -k uvloop",),
+    ),
+    Mutation(
         "worker-takes-a-turns-pid",
         "target_side/fence/limits.py",
         "        seats = self.worker.seats if self.worker is not None else 0",
