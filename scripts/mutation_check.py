@@ -175,6 +175,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_turns.py::test_turn_signal_works_even_if_the_server_ignores_it",),
     ),
     Mutation(
+        "ignored-signal-looked-for-backwards",
+        "target_side/fence/launch.py",
+        "    if _signal.SIG_IGN not in map(_signal.getsignal, CATCHABLE):\n",
+        "    if _signal.SIG_IGN in map(_signal.getsignal, CATCHABLE):\n",
+        ("tests/test_turns.py::test_turn_signal_works_even_if_the_server_ignores_it",),
+    ),
+    Mutation(
         "unlinked-source-reported-as-backend-failure",
         "target_side/fence/launch.py",
         ' or "Can\'t find source path /proc/self/fd/" in last',

@@ -18,6 +18,7 @@ where any user of the host could read them.
 
 from __future__ import annotations
 
+import _signal
 import contextlib
 import functools
 import os
@@ -87,7 +88,7 @@ def find_bwrap() -> str:
 RESTORED_BY_SPAWN = frozenset({signal.SIGPIPE, signal.SIGXFSZ})
 """Ignored by Python itself, and put back to their defaults in every child it spawns."""
 CATCHABLE = tuple(
-    s
+    int(s)
     for s in signal.valid_signals()
     if s not in (signal.SIGKILL, signal.SIGSTOP, *RESTORED_BY_SPAWN)
 )
@@ -99,10 +100,11 @@ def signal_reset_prefix() -> tuple[str, ...]:
     Ignored signals survive exec: a server started with SIGINT ignored (a
     background job, some supervisors) would hand that to every turn, and a
     forwarded Ctrl-C would reach processes deaf to it. Looked at on every
-    launch (a few microseconds), since the server's dispositions can change;
+    launch (a microsecond: ``signal.getsignal`` would make an enum of every
+    answer, sixty times a turn), since the server's dispositions can change;
     when nothing is ignored, as under systemd, no extra program runs.
     """
-    if not any(signal.getsignal(s) == signal.SIG_IGN for s in CATCHABLE):
+    if _signal.SIG_IGN not in map(_signal.getsignal, CATCHABLE):
         return ()
     return env_default_signal()
 
