@@ -66,6 +66,19 @@ def test_curated_etc_follows_a_change_with_a_new_version(host_etc: Path, tmp_pat
     assert (first / "hosts").read_text() == "127.0.0.1 localhost\n"  # running turns keep theirs
 
 
+def test_curated_etc_sees_a_change_deep_in_a_directory(host_etc: Path, tmp_path: Path) -> None:
+    (host_etc / "ssl" / "certs").mkdir(mode=0o755)
+    (host_etc / "ssl" / "certs" / "ca.pem").write_text("old CA\n")
+    (host_etc / "ssl" / "certs" / "ca.pem").chmod(0o644)
+    curated = _curated(tmp_path)
+    first = curated.current(now=0.0)
+    (host_etc / "ssl" / "certs" / "ca.pem").write_text("new CA\n")
+    os.utime(host_etc / "ssl" / "certs" / "ca.pem", ns=(1, 1))
+    second = curated.current(now=10.0)
+    assert second != first
+    assert (second / "ssl" / "certs" / "ca.pem").read_text() == "new CA\n"
+
+
 def test_curated_etc_being_checked_holds_up_no_other_turn(host_etc: Path, tmp_path: Path) -> None:
     curated = _curated(tmp_path)
     first = curated.current(now=0.0)

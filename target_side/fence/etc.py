@@ -85,21 +85,19 @@ class CuratedEtc:
             self._lock.release()
 
     def _sources(self) -> Iterator[tuple[str, os.stat_result]]:
-        """Every host path copied, with its status, in a stable order."""
+        """Every host path copied, with its status, in a stable order.
+
+        Looked at every ``RECHECK_S`` while turns run (some 700 entries): plain
+        strings and ``scandir``, a fifth of what paths and ``os.walk`` cost.
+        """
         for name in self.entries:
-            top = HOST_ETC / name
             try:
-                st = top.lstat()
+                st = os.lstat(f"{HOST_ETC}/{name}")
             except FileNotFoundError:
                 continue
             yield name, st
             if stat.S_ISDIR(st.st_mode):
-                for directory, dirs, files in os.walk(top):
-                    dirs.sort()
-                    for child in sorted([*dirs, *files]):
-                        path = Path(directory) / child
-                        with contextlib.suppress(FileNotFoundError):
-                            yield str(path.relative_to(HOST_ETC)), path.lstat()
+                yield from _tree(name)
 
     def _digest(self) -> str:
         digest = hashlib.sha256()
@@ -135,6 +133,25 @@ class CuratedEtc:
         )
         for old in versions[:-KEEP] if KEEP else versions:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def _tree(relative: str) -> Iterator[tuple[str, os.stat_result]]:
+    """What lies below ``HOST_ETC/relative``, links not followed: a directory's entries in
+    name order, then each of its directories' in turn."""
+    try:
+        with os.scandir(f"{HOST_ETC}/{relative}") as listing:
+            entries = sorted(listing, key=lambda e: e.name)
+    except OSError:
+        return  # gone, or not for the server to read (/etc/ssl/private): as os.walk passes it
+    below = []
+    for entry in entries:
+        with contextlib.suppress(FileNotFoundError):
+            st = entry.stat(follow_symlinks=False)
+            yield f"{relative}/{entry.name}", st
+            if stat.S_ISDIR(st.st_mode):
+                below.append(f"{relative}/{entry.name}")
+    for directory in below:
+        yield from _tree(directory)
 
 
 def _copy(source: Path, dest: Path) -> None:
