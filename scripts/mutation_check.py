@@ -663,6 +663,18 @@ MUTATIONS += (
         ("tests/test_connections.py -k uvloop",),
     ),
     Mutation(
+        "home-failure-on-the-planning-thread-as-a-crash",
+        "target_side/service/turns.py",
+        "        except TargetError as exc:\n"
+        "            raise RefusedError(refusals.backend_unavailable(str(exc))) from exc\n"
+        "\n"
+        "    async def _launch(",
+        "        except TargetError:\n            raise\n\n    async def _launch(",
+        (
+            "tests/test_host_edges.py::test_a_home_the_server_cannot_make_refuses_the_turn_and_says_why",
+        ),
+    ),
+    Mutation(
         "worker-takes-a-turns-pid",
         "target_side/fence/limits.py",
         "        seats = self.worker.seats if self.worker is not None else 0",

@@ -500,6 +500,23 @@ def test_home_owned_by_someone_else_is_moved_aside(c: httpx.Client, edges: Targe
     assert home.stat().st_uid == _uid(edges.settings)
 
 
+def test_a_home_the_server_cannot_make_refuses_the_turn_and_says_why(
+    c: httpx.Client, edges: Target
+) -> None:
+    mine = role_home(edges.settings, "builder").parent  # STATE/roles/builder: the server's
+    run(c, ["true"])
+    st = mine.stat()
+    os.chown(mine, 12345, 12345)
+    try:
+        turn, _ = run(c, ["true"])
+    finally:
+        os.chown(mine, st.st_uid, st.st_gid)
+    assert turn.exit_code == 126 and turn.refusal is not None
+    assert turn.refusal.rule == "backend-unavailable"
+    assert "owned by uid 12345" in turn.refusal.detail
+    assert run(c, ["true"])[0].exit_code == 0
+
+
 # --- 6. /proc, /sys and /dev are never mounted --------------------------------------------
 
 

@@ -27,7 +27,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -109,6 +109,12 @@ class Identity(Protocol):
 
     async def prepare_home(self, state_root: Path, role: str, ids: tuple[int, int]) -> str | None:
         """Make or repair the role's home (``fence.home``); a sentence if it was repaired."""
+
+    def home_here(
+        self, state_root: Path, role: str, ids: tuple[int, int]
+    ) -> Callable[[], str | None] | None:
+        """``prepare_home`` as a blocking call, for a caller already on a thread of its own
+        (one hop to a thread fewer); None where it can only be awaited."""
 
     async def audit(
         self, role: str, ids: tuple[int, int], expected: Mapping[str, str | None], turn_id: str
@@ -194,6 +200,11 @@ class InProcess:
 
     async def prepare_home(self, state_root: Path, role: str, ids: tuple[int, int]) -> str | None:
         return await asyncio.to_thread(home.prepare_home, state_root, role, *ids)
+
+    def home_here(
+        self, state_root: Path, role: str, ids: tuple[int, int]
+    ) -> Callable[[], str | None] | None:
+        return functools.partial(home.prepare_home, state_root, role, *ids)
 
     async def audit(
         self, role: str, ids: tuple[int, int], expected: Mapping[str, str | None], turn_id: str

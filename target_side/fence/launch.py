@@ -18,7 +18,7 @@ where any user of the host could read them.
 
 from __future__ import annotations
 
-import _signal
+import _signal  # type: ignore[import-not-found]  # signal's C half: no stub in typeshed
 import contextlib
 import functools
 import os

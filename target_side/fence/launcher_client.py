@@ -19,7 +19,7 @@ import os
 import socket
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +141,11 @@ class ViaLauncher:
         reply = await self.ask({"op": "home", "role": role, "uid": ids[0], "gid": ids[1]})
         repaired = reply.get("repaired")
         return repaired if isinstance(repaired, str) else None
+
+    def home_here(
+        self, state_root: Path, role: str, ids: tuple[int, int]
+    ) -> Callable[[], str | None] | None:
+        return None  # the launcher makes it, as root, asked over its socket
 
     async def audit(
         self, role: str, ids: tuple[int, int], expected: Mapping[str, str | None], turn_id: str

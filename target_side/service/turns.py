@@ -140,6 +140,16 @@ class StartedElsewhere:
     """Called once it is recorded as ended."""
 
 
+@dataclass(frozen=True)
+class Planned:
+    """A turn's plan, and whether its role's home was made on the thread that planned it."""
+
+    plan: FencePlan
+    home_ready: bool = False
+    repaired: str | None = None
+    """With ``home_ready``: what had to be repaired in the home, if anything."""
+
+
 class TurnManager:
     """Every turn of one target, keyed by id (and, through ``sessions``, every session)."""
 
@@ -339,7 +349,7 @@ class TurnManager:
         try:
             # Off the event loop: the spool is made, and planning walks paths and searches
             # writable mounts.
-            plan = await asyncio.to_thread(self._make_and_plan, record, request, no_lease)
+            planned = await asyncio.to_thread(self._make_and_plan, record, request, no_lease)
         except StorageError as exc:
             # The turn's spool could not be made: nothing was, and the disk says why.
             self._forget(record)
@@ -354,7 +364,7 @@ class TurnManager:
         try:
             # Again at launch: a seat taken over while the turn was planned refuses it.
             self.leases.admit(request.role, request.lease)
-            await self._launch(record, plan)
+            await self._launch(record, planned)
         except RefusedError as refused:
             await self._finish(
                 record, Outcome(refused.refusal.exit_code, refusal=refused.refusal), request
@@ -518,20 +528,35 @@ class TurnManager:
 
     def _make_and_plan(
         self, record: TurnRecord, request: TurnRequest, refused: RefusedError | None = None
-    ) -> FencePlan:
-        """The turn's spool made on disk, then its fence planned (blocking); ``refused``
-        (decided before) is raised once the spool is there."""
+    ) -> Planned:
+        """The turn's spool made on disk, its fence planned, and its role's home made where
+        that needs no one else (blocking); ``refused`` (decided before) is raised once the
+        spool is there."""
         record.spool.create(report=False)
         if refused is not None:
             raise refused
-        return self.plan(request, record.turn.turn_id)
+        plan = self.plan(request, record.turn.turn_id)
+        make_home = self.identity.home_here(
+            self.settings.state_root, plan.role, (plan.uid, plan.gid)
+        )
+        if make_home is None:
+            return Planned(plan)
+        try:
+            return Planned(plan, home_ready=True, repaired=make_home())
+        except TargetError as exc:
+            raise RefusedError(refusals.backend_unavailable(str(exc))) from exc
 
-    async def _launch(self, record: TurnRecord, plan: FencePlan) -> None:
+    async def _launch(self, record: TurnRecord, planned: Planned) -> None:
+        plan = planned.plan
         try:
             bwrap = self.bwrap()
         except BackendError as exc:
             raise RefusedError(refusals.backend_unavailable(str(exc))) from exc
-        await self._prepare_home(record, plan)
+        if planned.home_ready:
+            if planned.repaired is not None:
+                record.spool.append_kept("notice", message=planned.repaired)
+        else:
+            await self._prepare_home(record, plan)
         running = await self._spawn(bwrap, plan, record.spool)
         record.running = running
         # When it began, not when the loop got here: under load that can be a second later.
