@@ -675,6 +675,29 @@ MUTATIONS += (
         ),
     ),
     Mutation(
+        # The audit first, the turn after it: what the turn then makes is never looked at.
+        "audit-while-the-turn-still-runs",
+        "target_side/service/turns.py",
+        "        try:\n            outcome = await running.wait()\n",
+        "        early = asyncio.ensure_future(\n"
+        "            self.identity.audit(plan.role, (plan.uid, plan.gid), plan.audit, plan.turn_id)\n"
+        "        )\n"
+        "        try:\n"
+        "            outcome = await running.wait()\n",
+        (
+            "tests/test_host_edges.py::"
+            "test_a_protected_name_made_in_a_turns_last_moment_is_moved_aside",
+        ),
+        (
+            (
+                "            moved = await self.identity.audit(\n"
+                "                plan.role, (plan.uid, plan.gid), plan.audit, plan.turn_id\n"
+                "            )\n",
+                "            moved = await early\n",
+            ),
+        ),
+    ),
+    Mutation(
         "worker-takes-a-turns-pid",
         "target_side/fence/limits.py",
         "        seats = self.worker.seats if self.worker is not None else 0",

@@ -409,6 +409,18 @@ def test_protected_names_stay_read_only_and_new_ones_at_the_top_are_moved_aside(
     assert (ws / f".envrc{QUARANTINE_SUFFIX}{turn.turn_id}").exists()
 
 
+def test_a_protected_name_made_in_a_turns_last_moment_is_moved_aside(
+    c: httpx.Client, edges: Target, ws: Path
+) -> None:
+    # The audit runs once nothing of the turn runs: never before, or what it makes last escapes.
+    _hand_over(ws, edges.settings)
+    late = "echo started; sleep 0.5; echo 'eval evil' > .envrc"
+    turn, evs = run(c, ["sh", "-c", late], cwd=str(ws))
+    assert output(evs) == "started\n" and turn.exit_code == 0
+    assert not (ws / ".envrc").exists()
+    assert (ws / f".envrc{QUARANTINE_SUFFIX}{turn.turn_id}").exists()
+
+
 def test_protected_symlink_repointed_during_a_turn_is_moved_aside(
     c: httpx.Client, edges: Target, ws: Path
 ) -> None:
