@@ -58,16 +58,28 @@ def test_pids_limit_is_exactly_the_turns_own(client: httpx.Client) -> None:
 
 
 def _in_cgroup_of(turn_id: str) -> int:
-    """Host processes whose cgroup is the turn's (any hierarchy)."""
+    """Host processes whose cgroup is the turn's (any hierarchy), but bubblewrap's outer one.
+
+    That one is the server's own child (the server runs in this process), in the turn's
+    cgroups when the turn was born inside them; ``pids.max`` counts it as a seat, not as
+    one of the turn's own processes (``Worker.seats``).
+    """
     count = 0
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 if turn_id in Path(f"/proc/{entry}/cgroup").read_text():
-                    count += 1
+                    count += _parent(entry) != os.getpid()
             except OSError:
                 continue
     return count
+
+
+def _parent(pid: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("PPid:"):
+            return int(line.split()[1])
+    return 0
 
 
 def test_fork_bomb_ends_its_own_turn_and_others_carry_on(client: httpx.Client) -> None:
