@@ -422,7 +422,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "turn-cgroups-left-behind",
         "target_side/fence/limits.py",
-        "            if await asyncio.to_thread(removed):",
+        "            if await asyncio.to_thread(self._removed_after, worker):",
         "            if True:",
         ("tests/test_limits.py::test_turn_cgroups_are_removed_when_turns_end",),
     ),

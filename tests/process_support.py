@@ -29,6 +29,20 @@ HEADERS = {"Authorization": f"Bearer {BUILDER_TOKEN}"}
 OTHER_HEADERS = {"Authorization": f"Bearer {OTHER_TOKEN}"}
 
 
+def proc_status(path: str) -> dict[str, list[str]]:
+    """A ``/proc/.../status`` file as its fields, each split into words."""
+    lines = Path(path).read_text().splitlines()
+    return {key: value.split() for key, value in (line.split(":", 1) for line in lines)}
+
+
+def parent_pid(pid: int | str) -> int:
+    """The parent of process ``pid``; -1 once it is gone."""
+    try:
+        return int(proc_status(f"/proc/{pid}/status")["PPid"][0])
+    except (OSError, KeyError):
+        return -1
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -29,6 +29,7 @@ from conftest import (
     submit,
     wait_until,
 )
+from process_support import parent_pid, proc_status
 
 from shared.walk import canonical_path
 from shared.wire import Turn
@@ -169,15 +170,17 @@ def test_identity_bwrap_runs_as_the_role_and_the_server_stays_root(
         assert wait_until(lambda: bool(processes_with("sleep", marker)))
         uid = str(_uid(edges.settings))
         ours = [
-            pid for pid in _pids() if _exe(pid).endswith("/bwrap") and _parent(pid) == os.getpid()
+            pid
+            for pid in _pids()
+            if _exe(pid).endswith("/bwrap") and parent_pid(pid) == os.getpid()
         ]
         assert ours
         for pid in ours:
-            status = _status(f"/proc/{pid}/status")
+            status = proc_status(f"/proc/{pid}/status")
             assert status["Uid"] == status["Gid"] == [uid] * 4
             assert status["CapPrm"] == status["CapEff"] == status["CapAmb"] == ["0" * 16]
         for task in os.listdir("/proc/self/task"):
-            assert _status(f"/proc/self/task/{task}/status")["Uid"] == ["0"] * 4, task
+            assert proc_status(f"/proc/self/task/{task}/status")["Uid"] == ["0"] * 4, task
     finally:
         c.post(f"/v1/turns/{turn.turn_id}/signal", json={"signal": "KILL"})
         events(c, turn.turn_id)
@@ -192,18 +195,6 @@ def test_identity_a_thread_that_cannot_take_the_roles_ids_refuses_the_turn(
     monkeypatch.setattr(thread_ids, "acting_as", cannot)
     turn, _ = run(c, ["true"])
     assert _refusal(turn) == ("backend-unavailable", "setresuid: Operation not permitted")
-
-
-def _parent(pid: int) -> int:
-    try:
-        return int(_status(f"/proc/{pid}/status")["PPid"][0])
-    except (OSError, KeyError):
-        return -1
-
-
-def _status(path: str) -> dict[str, list[str]]:
-    lines = Path(path).read_text().splitlines()
-    return {key: value.split() for key, value in (line.split(":", 1) for line in lines)}
 
 
 def test_identity_a_unix_socket_sees_the_roles_uid(

@@ -21,6 +21,7 @@ from conftest import (
     submit,
     wait_until,
 )
+from process_support import parent_pid
 
 from shared.walk import canonical_path
 from shared.wire import PlannedLimits, TurnRequest
@@ -69,17 +70,10 @@ def _in_cgroup_of(turn_id: str) -> int:
         if entry.isdigit():
             try:
                 if turn_id in Path(f"/proc/{entry}/cgroup").read_text():
-                    count += _parent(entry) != os.getpid()
+                    count += parent_pid(entry) != os.getpid()
             except OSError:
                 continue
     return count
-
-
-def _parent(pid: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("PPid:"):
-            return int(line.split()[1])
-    return 0
 
 
 def test_fork_bomb_ends_its_own_turn_and_others_carry_on(client: httpx.Client) -> None:

@@ -371,17 +371,10 @@ class TurnLimits:
         held up every other turn's stream (a millisecond a turn, on average).
         """
         worker = self.worker
-
-        def removed() -> bool:
-            if worker is not None:
-                # It ends once it has reaped the turn's process, which takes it out of them.
-                worker.join(1.0)
-            return self._try_remove()
-
         for _ in range(REMOVE_TRIES):
-            if await asyncio.to_thread(removed):
+            if await asyncio.to_thread(self._removed_after, worker):
                 return
-            worker = None
+            worker = None  # joined on the first try
             self.kill()
             await asyncio.sleep(0.05)
         log.warning("could not remove cgroups of %s: %s", self.name, ", ".join(map(str, self.dirs)))
@@ -395,6 +388,13 @@ class TurnLimits:
             self.dirs.clear()
             return
         self._try_remove()
+
+    def _removed_after(self, worker: Worker | None) -> bool:
+        """``_try_remove`` once ``worker`` has ended (blocking): it ends once it has reaped
+        the turn's process, which takes it out of the cgroups."""
+        if worker is not None:
+            worker.join(1.0)
+        return self._try_remove()
 
     def _try_remove(self) -> bool:
         for path in list(self.dirs):

@@ -552,11 +552,9 @@ class TurnManager:
             bwrap = self.bwrap()
         except BackendError as exc:
             raise RefusedError(refusals.backend_unavailable(str(exc))) from exc
-        if planned.home_ready:
-            if planned.repaired is not None:
-                record.spool.append_kept("notice", message=planned.repaired)
-        else:
-            await self._prepare_home(record, plan)
+        repaired = planned.repaired if planned.home_ready else await self._home_awaited(plan)
+        if repaired is not None:
+            record.spool.append_kept("notice", message=repaired)
         running = await self._spawn(bwrap, plan, record.spool)
         record.running = running
         # When it began, not when the loop got here: under load that can be a second later.
@@ -568,15 +566,15 @@ class TurnManager:
         record.spool.append_kept("started", executable=plan.executable)
         record.task = asyncio.create_task(self._follow(record, plan))
 
-    async def _prepare_home(self, record: TurnRecord, plan: FencePlan) -> None:
+    async def _home_awaited(self, plan: FencePlan) -> str | None:
+        """The role's home made or repaired where it was not on the planning thread (by the
+        launcher); what had to be repaired, if anything."""
         try:
-            repaired = await self.identity.prepare_home(
+            return await self.identity.prepare_home(
                 self.settings.state_root, plan.role, (plan.uid, plan.gid)
             )
         except TargetError as exc:
             raise RefusedError(refusals.backend_unavailable(str(exc))) from exc
-        if repaired is not None:
-            record.spool.append_kept("notice", message=repaired)
 
     async def _spawn(self, bwrap: str, plan: FencePlan, spool: EventSpool) -> RunningTurn:
         return await launch_turn(
