@@ -48,10 +48,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from agent_side.defaults import DEFAULT_SSH_TARGET, REMOTE_CA
-from agent_side.deploy_command import add_deploy_parser
+from agent_side.deploy_command import HELP as DEPLOY_HELP
+from agent_side.deploy_command import fill_deploy_parser
 from agent_side.errors import AgentError, UsageError
-from agent_side.lease_command import add_lease_parser
-from agent_side.mux.command import add_mux_parser, add_run_options, run_handler
+from agent_side.lease_command import HELP as LEASE_HELP
+from agent_side.lease_command import fill_lease_parser
+from agent_side.mux.command import HELP as MUX_HELP
+from agent_side.mux.command import add_run_options, fill_mux_parser, run_handler
 from agent_side.stdio import BROKEN_PIPE, INTERRUPTED, StopWaiting, silence_stdout
 from agent_side.views import say
 from shared.exit_status import ExitStatus
@@ -173,16 +176,27 @@ def _terminal_columns() -> int:
 def build_parser(command: str | None = None) -> CommandParser:
     """The whole command line; each subcommand's ``handler`` is in ``commands``.
 
-    ``command``: the subcommand being run, when known; the others are then
-    registered by name only where their options would cost imports (deploy).
+    ``command``: the subcommand being run, when known: only it is registered
+    (every one, by name and help, when it is none of them, for the error to
+    list them). The whole line costs a fast ``paddock run`` ~10 ms: about 290
+    options in 78 parsers, argparse asking gettext (which looks for message
+    catalogues on disk each time) for every parser's headings, and imports
+    (deploy's).
     """
     parser = CommandParser(
         prog="paddock", description="Run a command as a fenced turn on a target."
     )
     parser.add_argument("--version", action=_Version, help="show the version and exit")
     subcommands = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
+    chosen = [entry for entry in _SUBCOMMANDS if entry[0] == command]
+    for name, help_text, fill in chosen or _SUBCOMMANDS:
+        sub = subcommands.add_parser(name, help=help_text)
+        if command is None or chosen:
+            fill(sub)
+    return parser
 
-    run = subcommands.add_parser("run", help="run one command as a turn and stream its output")
+
+def _fill_run(run: argparse.ArgumentParser) -> None:
     _add_target_options(run)
     _add_request_options(run)
     run.add_argument("--json", action="store_true", help="print events and the turn as JSON lines")
@@ -205,9 +219,8 @@ def build_parser(command: str | None = None) -> CommandParser:
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD...")
     run.set_defaults(handler=run_handler)
 
-    shell = subcommands.add_parser(
-        "shell", help="open an interactive shell on the target, in a fence, on a terminal"
-    )
+
+def _fill_shell(shell: argparse.ArgumentParser) -> None:
     _add_target_options(shell)
     _add_request_options(shell)
     shell.add_argument(
@@ -218,9 +231,8 @@ def build_parser(command: str | None = None) -> CommandParser:
     )
     shell.set_defaults(handler=_command("shell_command"))
 
-    session = subcommands.add_parser(
-        "session", help="start or end a session: one fence and one shell for many turns"
-    )
+
+def _fill_session(session: argparse.ArgumentParser) -> None:
     actions = session.add_subparsers(dest="session_action", required=True, metavar="ACTION")
     start = actions.add_parser("start", help="start a session and print its id")
     _add_target_options(start)
@@ -240,7 +252,8 @@ def build_parser(command: str | None = None) -> CommandParser:
     end.add_argument("--json", action="store_true", help="print the ended session as JSON")
     end.set_defaults(handler=_command("session_end_command"))
 
-    sessions = subcommands.add_parser("sessions", help="list this token's roles' sessions")
+
+def _fill_sessions(sessions: argparse.ArgumentParser) -> None:
     _add_target_options(sessions)
     _add_token_option(sessions)
     sessions.add_argument(
@@ -249,14 +262,16 @@ def build_parser(command: str | None = None) -> CommandParser:
     sessions.add_argument("--json", action="store_true", help="print the sessions as JSON lines")
     sessions.set_defaults(handler=_command("sessions_command"))
 
-    plan = subcommands.add_parser("plan", help="show the fence a command would get; run nothing")
+
+def _fill_plan(plan: argparse.ArgumentParser) -> None:
     _add_target_options(plan)
     _add_request_options(plan)
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD...")
     plan.set_defaults(handler=_command("plan_command"))
 
-    logs = subcommands.add_parser("logs", help="print a turn's output (--follow: until it ends)")
+
+def _fill_logs(logs: argparse.ArgumentParser) -> None:
     _add_target_options(logs)
     _add_token_option(logs)
     logs.add_argument("turn_id", metavar="TURN")
@@ -271,10 +286,8 @@ def build_parser(command: str | None = None) -> CommandParser:
     logs.add_argument("--json", action="store_true", help="print events as JSON lines")
     logs.set_defaults(handler=_command("logs_command"))
 
-    attach = subcommands.add_parser(
-        "attach",
-        help="go on with a turn where the last paddock command stopped; Ctrl-C goes to the turn",
-    )
+
+def _fill_attach(attach: argparse.ArgumentParser) -> None:
     _add_target_options(attach)
     _add_token_option(attach)
     attach.add_argument("turn_id", metavar="TURN")
@@ -282,14 +295,16 @@ def build_parser(command: str | None = None) -> CommandParser:
     attach.add_argument("--json", action="store_true", help="print events and the turn as JSON")
     attach.set_defaults(handler=_command("attach_command"))
 
-    turns = subcommands.add_parser("turns", help="list recent turns of this token's roles")
+
+def _fill_turns(turns: argparse.ArgumentParser) -> None:
     _add_target_options(turns)
     _add_token_option(turns)
     turns.add_argument("--limit", type=int, default=20, metavar="N", help="how many (default 20)")
     turns.add_argument("--json", action="store_true", help="print the turns as JSON lines")
     turns.set_defaults(handler=_command("turns_command"))
 
-    kill = subcommands.add_parser("kill", help="kill a running turn (every process of it)")
+
+def _fill_kill(kill: argparse.ArgumentParser) -> None:
     _add_target_options(kill)
     _add_token_option(kill)
     kill.add_argument("turn_id", metavar="TURN")
@@ -303,16 +318,14 @@ def build_parser(command: str | None = None) -> CommandParser:
     kill.add_argument("--json", action="store_true", help="print the turn as JSON")
     kill.set_defaults(handler=_command("kill_command"))
 
-    health = subcommands.add_parser("health", help="print the target's health (exit 1: degraded)")
+
+def _fill_health(health: argparse.ArgumentParser) -> None:
     _add_target_options(health)
     health.add_argument("--json", action="store_true", help="JSON (the only format it has)")
     health.set_defaults(handler=_command("health_command"))
 
-    status = subcommands.add_parser(
-        "status",
-        help="check every stored target: each cause (connectivity, offline, tls, auth, "
-        "degraded) with when it began; exit 1 if any is set",
-    )
+
+def _fill_status(status: argparse.ArgumentParser) -> None:
     status.add_argument("names", nargs="*", metavar="NAME", help="only these stored targets")
     status.add_argument(
         "--timeout",
@@ -324,11 +337,8 @@ def build_parser(command: str | None = None) -> CommandParser:
     status.add_argument("--json", action="store_true", help="one JSON object")
     status.set_defaults(handler=_command("status_command"))
 
-    cp = subcommands.add_parser(
-        "cp",
-        help="copy a file (or with -r a directory) to or from a target; remote paths are "
-        ":PATH or NAME:PATH",
-    )
+
+def _fill_cp(cp: argparse.ArgumentParser) -> None:
     _add_target_options(cp)
     _add_token_option(cp)
     cp.add_argument("--role", help="role to act as (PADDOCK_ROLE; default: the token's only role)")
@@ -349,10 +359,8 @@ def build_parser(command: str | None = None) -> CommandParser:
     cp.add_argument("dest", metavar="DST", help="a local path, - (stdout), :PATH or NAME:PATH")
     cp.set_defaults(handler=_command("cp_command"))
 
-    mcp = subcommands.add_parser(
-        "mcp",
-        help="serve the target's runs, files and sessions as MCP tools on stdin and stdout",
-    )
+
+def _fill_mcp(mcp: argparse.ArgumentParser) -> None:
     _add_target_options(mcp)
     _add_token_option(mcp)
     mcp.add_argument("--role", help="role to act as (PADDOCK_ROLE; default: the token's only role)")
@@ -363,13 +371,54 @@ def build_parser(command: str | None = None) -> CommandParser:
     )
     mcp.set_defaults(handler=_command("mcp_command"))
 
-    add_deploy_parser(subcommands, options=command in (None, "deploy"))
-    add_mux_parser(subcommands, _add_target_options)
-    add_lease_parser(subcommands, _add_target_options, _add_token_option, _positive_seconds)
-    return parser
+
+def _fill_mux(mux: argparse.ArgumentParser) -> None:
+    fill_mux_parser(mux, _add_target_options)
+
+
+def _fill_lease(lease: argparse.ArgumentParser) -> None:
+    fill_lease_parser(lease, _add_target_options, _add_token_option, _positive_seconds)
 
 
 Handler = Callable[[argparse.Namespace, Mapping[str, str]], int]
+
+_SUBCOMMANDS: tuple[tuple[str, str, Callable[[argparse.ArgumentParser], None]], ...] = (
+    ("run", "run one command as a turn and stream its output", _fill_run),
+    ("shell", "open an interactive shell on the target, in a fence, on a terminal", _fill_shell),
+    ("session", "start or end a session: one fence and one shell for many turns", _fill_session),
+    ("sessions", "list this token's roles' sessions", _fill_sessions),
+    ("plan", "show the fence a command would get; run nothing", _fill_plan),
+    ("logs", "print a turn's output (--follow: until it ends)", _fill_logs),
+    (
+        "attach",
+        "go on with a turn where the last paddock command stopped; Ctrl-C goes to the turn",
+        _fill_attach,
+    ),
+    ("turns", "list recent turns of this token's roles", _fill_turns),
+    ("kill", "kill a running turn (every process of it)", _fill_kill),
+    ("health", "print the target's health (exit 1: degraded)", _fill_health),
+    (
+        "status",
+        "check every stored target: each cause (connectivity, offline, tls, auth, degraded) "
+        "with when it began; exit 1 if any is set",
+        _fill_status,
+    ),
+    (
+        "cp",
+        "copy a file (or with -r a directory) to or from a target; remote paths are "
+        ":PATH or NAME:PATH",
+        _fill_cp,
+    ),
+    (
+        "mcp",
+        "serve the target's runs, files and sessions as MCP tools on stdin and stdout",
+        _fill_mcp,
+    ),
+    ("deploy", DEPLOY_HELP, fill_deploy_parser),
+    ("mux", MUX_HELP, _fill_mux),
+    ("lease", LEASE_HELP, _fill_lease),
+)
+"""Every subcommand: its name, its line in ``paddock --help``, and what adds its options."""
 
 
 def _command(name: str) -> Handler:

@@ -5,35 +5,24 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from agent_side.connection import ssh_passphrase
 from agent_side.errors import UsageError
 
-if TYPE_CHECKING:
-    from agent_side.cli import CommandParser
-
 HELP = "install or upgrade targets over SSH, and store each for -t NAME"
 
 
-def add_deploy_parser(
-    commands: argparse._SubParsersAction[CommandParser], *, options: bool = True
-) -> None:
-    """``paddock deploy``; with ``options`` False only its name and help (another command runs)."""
-    if not options:
-        commands.add_parser("deploy", help=HELP)
-        return
+def fill_deploy_parser(deploy: argparse.ArgumentParser) -> None:
+    """``paddock deploy``'s options (only when it is the command run: they cost imports)."""
     # Loaded only for deploy: the protocol module brings ssl and pathlib with it.
     from pathlib import Path
 
     from paddock_deploy.protocol import PASSED_OPTIONS
 
-    deploy = commands.add_parser(
-        "deploy",
-        help=HELP,
-        description="Upload this paddock and its deploy script over SSH, run it as root, "
+    deploy.description = (
+        "Upload this paddock and its deploy script over SSH, run it as root, "
         "and store the target (route, tokens, pinned CA) under NAME for 'paddock run -t NAME'. "
-        "Several hosts (or --inventory) are deployed side by side, with a summary at the end.",
+        "Several hosts (or --inventory) are deployed side by side, with a summary at the end."
     )
     deploy.add_argument(
         "destinations", nargs="*", metavar="USER@HOST[:PORT]", help="the hosts to deploy"

@@ -17,7 +17,7 @@ import argparse
 import contextlib
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from agent_side.api import Target
@@ -28,18 +28,20 @@ Adder = Callable[[argparse.ArgumentParser], None]
 DEFAULT_TTL_S = 60.0
 
 
-def add_lease_parser(
-    subcommands: argparse._SubParsersAction[Any],
+HELP = "take, renew, release or show a lease on a seat (one live holder per seat)"
+
+
+def fill_lease_parser(
+    lease: argparse.ArgumentParser,
     add_target_options: Adder,
     add_token_option: Adder,
     seconds: Callable[[str], float],
 ) -> None:
-    lease = subcommands.add_parser(
-        "lease",
-        help="take, renew, release or show a lease on a seat (one live holder per seat)",
-        description="A lease holds a seat (a name within a role, by default its first "
+    """``paddock lease``'s actions and their options."""
+    lease.description = (
+        "A lease holds a seat (a name within a role, by default its first "
         "workspace) for its ttl; a turn that names it (paddock run --lease ID) is refused once "
-        "a newer holder has superseded it.",
+        "a newer holder has superseded it."
     )
     actions = lease.add_subparsers(dest="lease_action", required=True, metavar="ACTION")
 

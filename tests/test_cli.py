@@ -165,3 +165,30 @@ def test_health_prints_json_with_or_without_json_flag(
     assert cli.main(argv) == 1
     assert json.loads(capsys.readouterr().out)["status"] == "degraded"
     assert "authorization" not in {k.lower() for k in tls_scripted.seen[0].headers}
+
+
+def _help(parser: cli.CommandParser, argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as ended:
+        parser.parse_args(argv)
+    assert ended.value.code == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", [entry[0] for entry in cli._SUBCOMMANDS])
+def test_the_parser_for_one_command_knows_every_option_of_it(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The fast path registers only the command being run: it must lose none of its options.
+    whole = _help(cli.build_parser(), [name, "--help"], capsys)
+    alone = _help(cli.build_parser(name), [name, "--help"], capsys)
+    assert alone == whole
+    assert whole.count("\n") > 3
+
+
+def test_a_command_that_is_none_of_them_is_told_every_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["rum", "--", "true"]) == 125
+    err = capsys.readouterr().err
+    assert "invalid choice: 'rum'" in err
+    assert all(f"'{name}'" in err for name, _, _ in cli._SUBCOMMANDS)

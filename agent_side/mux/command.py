@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from agent_side.mux.settings import (
     DEFAULT_PERSIST_S,
@@ -60,16 +59,17 @@ def run_handler(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     return in_process()
 
 
-def add_mux_parser(
-    subcommands: argparse._SubParsersAction[Any],
-    add_target_options: Callable[[argparse.ArgumentParser], None],
+HELP = "the local multiplexer that keeps connections to targets warm"
+
+
+def fill_mux_parser(
+    mux: argparse.ArgumentParser, add_target_options: Callable[[argparse.ArgumentParser], None]
 ) -> None:
-    mux = subcommands.add_parser(
-        "mux",
-        help="the local multiplexer that keeps connections to targets warm",
-        description="paddock run starts one multiplexer per target and user, which keeps the "
+    """``paddock mux``'s actions and their options."""
+    mux.description = (
+        "paddock run starts one multiplexer per target and user, which keeps the "
         "target's connection (and SSH tunnel) open between runs and leaves after "
-        "--mux-persist of idleness.",
+        "--mux-persist of idleness."
     )
     actions = mux.add_subparsers(dest="mux_action", required=True, metavar="ACTION")
     status = actions.add_parser("status", help="list the multiplexers running for you")
