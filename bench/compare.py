@@ -1,7 +1,7 @@
 """Two versions of paddock on this machine, measured in alternation: did a change make a turn
 cheaper, or only this run luckier?
 
-    .venv/bin/python bench/compare.py BASE [NEW] [--rounds N]
+    .venv/bin/python bench/compare.py BASE [NEW] [--rounds N] [--turns N] [--no-burst]
 
 ``BASE`` and ``NEW`` are git revisions; ``NEW`` defaults to the working tree as it
 is. Each revision gets a checkout of its own (a detached git worktree, removed
@@ -9,15 +9,19 @@ afterwards) and a target process of its own, started once. Then the rounds
 alternate between the two, so that the machine's drift, and the state of its
 disk, fall on both alike. One round, on one side:
 
-- 100 sequential ``true`` turns, each as the side's own ``TargetClient`` runs one
-  (``submit_and_follow`` where it has it, else submit and follow): their p50,
-  and the target's CPU per turn (user + system, from ``/proc``);
+- 100 sequential ``true`` turns (``--turns``), each as the side's own
+  ``TargetClient`` runs one (``submit_and_follow`` where it has it, else submit
+  and follow): their p50, the target's CPU per turn (user + system, from
+  ``/proc``), and the part of it spent on the event loop's thread, which every
+  turn and every stream waits for;
 - 200 concurrent ``sleep 1`` turns, each from its own thread and connection: the
-  wall from the first submission to the last exit.
+  wall from the first submission to the last exit (not with ``--no-burst``).
 
 Printed: for each figure, each side's median over the rounds, its range, and
 NEW over BASE. On a machine whose runs of the same code differ by a tenth, a
-difference smaller than the ranges' overlap is not one.
+difference smaller than the ranges' overlap is not one. Where the machine
+drifts within minutes, many short rounds (``--rounds 40 --turns 20 --no-burst``)
+put both sides in the same minutes more closely than a few long ones.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ BURST = 200
 FIGURES = (
     ("true_p50_ms", "`true` turn p50 (ms)"),
     ("cpu_per_turn_ms", "target CPU per `true` turn (ms)"),
+    ("loop_cpu_per_turn_ms", "  of it, the event loop's (ms)"),
     ("burst_s", f"{BURST} concurrent `sleep 1` (s)"),
 )
 
@@ -54,16 +59,24 @@ def main() -> int:
     )
     parser.add_argument("new", nargs="?", help="the revision to measure (default: working tree)")
     parser.add_argument("--rounds", type=int, default=6, help="rounds on each side (default 6)")
+    parser.add_argument(
+        "--turns",
+        type=int,
+        default=SEQUENTIAL,
+        help=f"sequential turns in a round (default {SEQUENTIAL})",
+    )
+    parser.add_argument("--no-burst", action="store_true", help="leave the burst out")
     parser.add_argument("--side", help=argparse.SUPPRESS)  # a side's own process (internal)
     args = parser.parse_args()
     if args.side:
         return _serve_rounds(Path(args.side))
     if args.base is None:
         parser.error("name the revision to compare against, e.g. HEAD~1")
-    if args.rounds < 1:
-        parser.error("--rounds must be at least 1")
+    if args.rounds < 1 or args.turns < 1:
+        parser.error("--rounds and --turns must be at least 1")
+    order = json.dumps({"turns": args.turns, "burst": not args.no_burst})
     with _checkout(args.base) as base, _checkout(args.new) as new:
-        results = _alternate({"base": base, "new": new}, args.rounds)
+        results = _alternate({"base": base, "new": new}, args.rounds, order)
     print(_report(args.base, args.new or "working tree", results))
     return 0
 
@@ -94,8 +107,11 @@ def _checkout(revision: str | None) -> Iterator[Path]:
         )
 
 
-def _alternate(sides: dict[str, Path], rounds: int) -> dict[str, list[dict[str, float]]]:
-    """Each side's process started, then one round on each in turn, ``rounds`` times."""
+def _alternate(
+    sides: dict[str, Path], rounds: int, order: str
+) -> dict[str, list[dict[str, float]]]:
+    """Each side's process started, then one round on each in turn, ``rounds`` times; each
+    round as ``order`` (JSON: sequential turns, and whether to burst) says."""
     procs: dict[str, subprocess.Popen[str]] = {}
     try:
         for name, place in sides.items():
@@ -111,7 +127,7 @@ def _alternate(sides: dict[str, Path], rounds: int) -> dict[str, list[dict[str, 
         for number in range(1, rounds + 1):
             for name, proc in procs.items():
                 assert proc.stdin is not None
-                proc.stdin.write("go\n")
+                proc.stdin.write(f"{order}\n")
                 proc.stdin.flush()
                 results[name].append(json.loads(_expect(proc, name, "")))
             print(f"round {number} of {rounds} done", file=sys.stderr)
@@ -137,8 +153,10 @@ def _report(base: str, new: str, results: dict[str, list[dict[str, float]]]) -> 
     title = f"{new} against {base}: medians of {rounds} alternated rounds (min-max)"
     rows = [title, "-" * len(title)]
     for key, label in FIGURES:
-        old = [r[key] for r in results["base"]]
-        now = [r[key] for r in results["new"]]
+        old = [r[key] for r in results["base"] if key in r]
+        now = [r[key] for r in results["new"] if key in r]
+        if not old or not now:
+            continue
         ratio = statistics.median(now) / statistics.median(old)
         rows.append(f"{label:34s} base {_spread(old)}   new {_spread(now)}   new/base {ratio:.2f}x")
     return "\n".join(rows)
@@ -163,9 +181,12 @@ def _serve_rounds(place: Path) -> int:
         for _ in range(10):  # warm: imports, the curated /etc, the first connections
             _run(client, TurnRequest(role=ROLE, argv=["true"]))
         print("ready", flush=True)
-        for _ in sys.stdin:
-            figures = _sequential(target.pid, client, TurnRequest(role=ROLE, argv=["true"]))
-            figures["burst_s"] = _burst(target, TurnRequest(role=ROLE, argv=["sleep", "1"]))
+        for line in sys.stdin:
+            order = json.loads(line)
+            request = TurnRequest(role=ROLE, argv=["true"])
+            figures = _sequential(target.pid, client, request, order["turns"])
+            if order["burst"]:
+                figures["burst_s"] = _burst(target, TurnRequest(role=ROLE, argv=["sleep", "1"]))
             print(json.dumps(figures), flush=True)
     return 0
 
@@ -188,15 +209,18 @@ def _run(client: Any, request: Any) -> None:
         raise SystemExit(f"compare: turn {turn_ids} ended with {last!r}; nothing timed")
 
 
-def _sequential(pid: int, client: Any, request: Any) -> dict[str, float]:
+def _sequential(pid: int, client: Any, request: Any, turns: int) -> dict[str, float]:
     times = []
-    used = _cpu_s(pid)
-    for _ in range(SEQUENTIAL):
+    used, used_loop = _cpu_s(f"/proc/{pid}/stat"), _loop_cpu_s(pid)
+    for _ in range(turns):
         started = time.perf_counter()
         _run(client, request)
         times.append(time.perf_counter() - started)
-    per_turn = (_cpu_s(pid) - used) / SEQUENTIAL
-    return {"true_p50_ms": statistics.median(times) * 1000, "cpu_per_turn_ms": per_turn * 1000}
+    return {
+        "true_p50_ms": statistics.median(times) * 1000,
+        "cpu_per_turn_ms": (_cpu_s(f"/proc/{pid}/stat") - used) / turns * 1000,
+        "loop_cpu_per_turn_ms": (_loop_cpu_s(pid) - used_loop) / turns * 1000,
+    }
 
 
 def _burst(target: Any, request: Any) -> float:
@@ -228,10 +252,16 @@ def _burst(target: Any, request: Any) -> float:
     return wall
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU of ``pid`` (all its threads), in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def _cpu_s(stat: str) -> float:
+    """User + system CPU from a ``/proc`` ``stat`` file (a process's: all its threads), in s."""
+    fields = Path(stat).read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _loop_cpu_s(pid: int) -> float:
+    """CPU of ``pid``'s main thread, the event loop's, in seconds: from ``schedstat``, in
+    nanoseconds (``stat`` counts in ticks of 10 ms, too coarse for a few turns)."""
+    return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[0]) / 1e9
 
 
 if __name__ == "__main__":
