@@ -38,6 +38,7 @@ placed after they start, as turns are whenever no settled worker is free.
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import concurrent.futures
 import contextlib
@@ -90,8 +91,10 @@ class Worker:
         self.spawned: asyncio.Future[subprocess.Popen[bytes]] = loop.create_future()
         self.ended: asyncio.Future[int] = loop.create_future()
         self._jobs: queue.SimpleQueue[tuple[Start, Watch | None] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._live, name="paddock-turn", daemon=True)
-        self._thread.start()
+        self._gone = threading.Event()
+        # Not ``threading.Thread.start``: it waits until the new thread runs, which on the
+        # event loop cost a millisecond a turn (the new thread waits for a core and the GIL).
+        _thread.start_new_thread(self._run, ())
 
     @property
     def seats(self) -> int:
@@ -115,7 +118,14 @@ class Worker:
         self._jobs.put(None)
 
     def join(self, timeout: float | None = None) -> None:
-        self._thread.join(timeout)
+        """Wait until the thread has finished (and so left its cgroups)."""
+        self._gone.wait(timeout)
+
+    def _run(self) -> None:
+        try:
+            self._live()
+        finally:
+            self._gone.set()
 
     def _live(self) -> None:
         thread_ids.mark_one_shot()  # it may act as a role's ids: it ends with its process
