@@ -37,6 +37,8 @@ from typing import Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from target_side.service.corked import CorkedTransport
+
 log = logging.getLogger("paddock.target.connections")
 
 WRITE_BUFFER_BYTES = 4 << 20
@@ -196,7 +198,7 @@ def guarded_h11(guard: ConnectionGuard) -> type[H11Protocol]:
         _entry: _Open | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
+            super().connection_made(CorkedTransport(transport, asyncio.get_running_loop()))
             # A turn's output goes out in blocks of up to megabytes: a buffer of 64 KiB (the
             # default) would stop and restart the stream many times per block.
             transport.set_write_buffer_limits(high=WRITE_BUFFER_BYTES)
