@@ -25,6 +25,7 @@ from target_side.config import Settings
 from target_side.errors import TargetError
 from target_side.service.connections import ConnectionGuard, GuardedListener, guarded_h11
 from target_side.service.log_repeats import collapse_repeats
+from target_side.service.log_writer import LogWriters, every_logger
 from target_side.service.state_lock import StateLock
 
 log = logging.getLogger("paddock.target")
@@ -119,11 +120,16 @@ def serve(settings: Settings) -> None:
         log.info("paddock target on %s://%s, state in %s", scheme, server.listen, server.state_root)
         config = uvicorn_config(settings, guard=guard, state_lock=lock)
         target = TargetServer(config, settings)
+        # Once uvicorn has set up its loggers: theirs too.
+        writers = LogWriters(every_logger())
         # What exists now (modules, the app, its models) lives as long as the process: the
         # collector's full passes need not walk it again. A burst of 200 turns brought about
         # two, each holding up every turn for up to 100 ms (30 ms once this is left out).
         gc.freeze()
-        target.run(sockets=[sock])
+        try:
+            target.run(sockets=[sock])
+        finally:
+            writers.stop()
     finally:
         lock.release()
 

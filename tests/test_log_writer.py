@@ -1,0 +1,107 @@
+"""The server's log lines are written by threads of their own (target_side.service.log_writer)."""
+
+from __future__ import annotations
+
+import io
+import logging
+import threading
+from collections.abc import Iterator
+from logging.handlers import QueueHandler
+
+import pytest
+from uvicorn.logging import AccessFormatter
+
+from target_side.service.log_writer import LogWriters, every_logger
+
+
+class ThreadNoting(logging.StreamHandler):  # type: ignore[type-arg]
+    """A real stream handler that also notes which thread wrote each line."""
+
+    def __init__(self) -> None:
+        super().__init__(io.StringIO())
+        self.threads: list[int] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.threads.append(threading.get_ident())
+        super().emit(record)
+
+    @property
+    def text(self) -> str:
+        stream = self.stream
+        assert isinstance(stream, io.StringIO)
+        return stream.getvalue()
+
+
+@pytest.fixture
+def logger() -> Iterator[logging.Logger]:
+    found = logging.getLogger("paddock.test.log_writer")
+    found.propagate = False
+    found.setLevel(logging.INFO)
+    yield found
+    found.handlers.clear()
+
+
+def test_lines_are_written_off_the_thread_that_logs_them(logger: logging.Logger) -> None:
+    handler = ThreadNoting()
+    logger.addHandler(handler)
+    writers = LogWriters([logger])
+    try:
+        assert handler not in logger.handlers
+        for number in range(50):
+            logger.info("turn %d ended", number)
+    finally:
+        writers.stop()
+    assert handler.text.splitlines() == [f"turn {n} ended" for n in range(50)]
+    assert set(handler.threads) and threading.get_ident() not in handler.threads
+    assert handler in logger.handlers  # given back, and nothing left in its place
+    assert not any(isinstance(h, QueueHandler) for h in logger.handlers)
+    logger.info("after")
+    assert handler.threads[-1] == threading.get_ident()
+
+
+def test_a_traceback_is_kept(logger: logging.Logger) -> None:
+    handler = ThreadNoting()
+    logger.addHandler(handler)
+    writers = LogWriters([logger])
+    try:
+        try:
+            raise RuntimeError("the launch failed")
+        except RuntimeError:
+            logger.exception("turn t-1: the target failed to launch it")
+    finally:
+        writers.stop()
+    assert "turn t-1: the target failed to launch it" in handler.text
+    assert "RuntimeError: the launch failed" in handler.text
+    assert "Traceback" in handler.text
+
+
+def test_uvicorns_access_lines_keep_their_fields(logger: logging.Logger) -> None:
+    handler = ThreadNoting()
+    handler.setFormatter(AccessFormatter('%(client_addr)s - "%(request_line)s" %(status_code)s'))
+    logger.addHandler(handler)
+    writers = LogWriters([logger])
+    try:
+        logger.info('%s - "%s %s HTTP/%s" %d', "127.0.0.1:5", "POST", "/v1/turns", "1.1", 201)
+    finally:
+        writers.stop()
+    assert handler.text.strip() == '127.0.0.1:5 - "POST /v1/turns HTTP/1.1" 201 Created'
+
+
+def test_a_handlers_level_still_holds(logger: logging.Logger) -> None:
+    handler = ThreadNoting()
+    handler.setLevel(logging.WARNING)
+    logger.addHandler(handler)
+    writers = LogWriters([logger])
+    try:
+        logger.info("not for this handler")
+        logger.warning("for it")
+    finally:
+        writers.stop()
+    assert handler.text == "for it\n"
+
+
+def test_every_logger_includes_the_root_and_those_made() -> None:
+    made = logging.getLogger("paddock.test.log_writer.made")
+    found = every_logger()
+    assert found[0] is logging.getLogger()
+    assert made in found
