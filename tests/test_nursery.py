@@ -26,6 +26,7 @@ from target_side.fence.gate import Gate, StartWatch
 from target_side.fence.identity import InProcess
 from target_side.fence.launch import find_bwrap
 from target_side.fence.limits import Hierarchy, Limiter, TurnLimits
+from target_side.fence.nursery import Worker
 
 LIMITS = PlannedLimits(wall_s=30, memory_mb=256, pids=16, cpu=1.0, output_mb=1, scratch_mb=1)
 
@@ -93,8 +94,8 @@ async def test_a_taken_slot_becomes_the_turns_cgroups_with_pids_for_what_is_not_
         limiter.close()
 
 
-def worker_tid(worker: object) -> int:
-    return worker._thread.native_id  # type: ignore[attr-defined]
+def worker_tid(worker: Worker) -> int | None:
+    return worker.tid
 
 
 async def test_a_process_started_by_a_settled_worker_is_born_in_its_cgroups() -> None:

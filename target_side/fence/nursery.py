@@ -92,6 +92,8 @@ class Worker:
         self.ended: asyncio.Future[int] = loop.create_future()
         self._jobs: queue.SimpleQueue[tuple[Start, Watch | None] | None] = queue.SimpleQueue()
         self._gone = threading.Event()
+        self.tid: int | None = None
+        """The thread's id for the kernel (its ``tasks`` entry), once it runs."""
         # Not ``threading.Thread.start``: it waits until the new thread runs, which on the
         # event loop cost a millisecond a turn (the new thread waits for a core and the GIL).
         _thread.start_new_thread(self._run, ())
@@ -122,6 +124,7 @@ class Worker:
         self._gone.wait(timeout)
 
     def _run(self) -> None:
+        self.tid = threading.get_native_id()
         try:
             self._live()
         finally:
