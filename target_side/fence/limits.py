@@ -343,10 +343,10 @@ class TurnLimits:
         if self.limiter.controller("pids") is None and uid != 0:
             # RLIMIT_NPROC counts every process of the uid: the role's turns together.
             flags.append(f"--nproc={self.limits.pids}:{self.limits.pids}")
+        if not flags:
+            return ()  # before the search: a stat per directory on every turn, for nothing
         prlimit = shutil.which("prlimit", path=TRUSTED_BIN_PATH)
-        if not flags or prlimit is None:
-            return ()
-        return (prlimit, *flags, "--")
+        return () if prlimit is None else (prlimit, *flags, "--")
 
     def usage(self) -> Usage:
         """CPU seconds, peak memory and OOM kills, read before the cgroups go."""
