@@ -5,13 +5,14 @@ from __future__ import annotations
 import io
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from logging.handlers import QueueHandler
 
 import pytest
 from uvicorn.logging import AccessFormatter
 
-from target_side.service.log_writer import LogWriters, every_logger
+from target_side.service.log_writer import HELD_RECORDS, LogWriters, every_logger
 
 
 class ThreadNoting(logging.StreamHandler):  # type: ignore[type-arg]
@@ -105,3 +106,44 @@ def test_every_logger_includes_the_root_and_those_made() -> None:
     found = every_logger()
     assert found[0] is logging.getLogger()
     assert made in found
+
+
+class Stalled(ThreadNoting):
+    """A log whose reader has stopped reading: every write waits until ``reading`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reading = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.reading.wait(30)
+        super().emit(record)
+
+
+def test_a_log_that_stops_reading_never_holds_up_the_logger_and_drops_are_told(
+    logger: logging.Logger,
+) -> None:
+    stalled = Stalled()
+    logger.addHandler(stalled)
+    told = ThreadNoting()
+    paddock = logging.getLogger("paddock.target")
+    paddock.addHandler(told)
+    writers = LogWriters([logger])
+    extra = 50
+    try:
+        started = time.monotonic()
+        for number in range(HELD_RECORDS + extra + 1):  # the thread holds one as it waits
+            logger.info("line %d", number)
+        assert time.monotonic() - started < 10  # before: each line waited for the reader
+        stalled.reading.set()
+        deadline = time.monotonic() + 30
+        while stalled.text.count("\n") < HELD_RECORDS + 1 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the reader catches up
+        logger.info("after")
+    finally:
+        writers.stop()
+        paddock.removeHandler(told)
+    written = stalled.text.splitlines()
+    assert written[-1] == "after"
+    assert len(written) == HELD_RECORDS + 2
+    assert f"{extra} log lines were dropped" in told.text

@@ -11,35 +11,91 @@ had. Filters still run where the line is made (``log_repeats`` counts there).
 Records cross as they are, arguments and all: uvicorn's access formatter
 reads them, and what the server logs is strings, numbers and paths, which do
 not change on the way.
+
+A log whose reader stops reading (a stalled journal, a full pipe) used to
+stop the event loop with it, and every turn. Now it stops one writer thread;
+up to ``HELD_RECORDS`` lines wait for it, and lines past that are dropped,
+counted, and said to have been (a warning from ``paddock.target``) once the
+reader takes lines again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
+import threading
 from collections.abc import Iterable
 from logging.handlers import QueueHandler, QueueListener
 
+HELD_RECORDS = 10_000
+"""Lines waiting for one writer at most; more are dropped (and counted) rather than held."""
+STOP_WAIT_S = 5.0
+
+log = logging.getLogger("paddock.target")
+
 
 class _Handoff(QueueHandler):
+    """Queues a record for its writer thread, or counts it dropped when the queue is full."""
+
+    def __init__(self, records: queue.Queue[logging.LogRecord | None]) -> None:
+        super().__init__(records)
+        self.records = records
+        self._lock = threading.Lock()
+        self._dropped = 0
+
     def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
         # As it is: the base class would format it here and drop its arguments.
         return record
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        try:
+            self.records.put_nowait(record)
+        except queue.Full:
+            with self._lock:
+                self._dropped += 1
+
+    def take_dropped(self) -> int:
+        with self._lock:
+            dropped, self._dropped = self._dropped, 0
+        return dropped
+
+
+class _Writer(QueueListener):
+    """One logger's writer thread: says how many lines were dropped before the next it writes."""
+
+    def __init__(self, handoff: _Handoff, *handlers: logging.Handler) -> None:
+        super().__init__(handoff.records, *handlers, respect_handler_level=True)
+        self._handoff = handoff
+
+    def handle(self, record: logging.LogRecord) -> None:
+        dropped = self._handoff.take_dropped()
+        if dropped:
+            log.warning(
+                "%d log lines were dropped: the log's reader fell %d lines behind",
+                dropped,
+                HELD_RECORDS,
+            )
+        super().handle(record)
+
+    def enqueue_sentinel(self) -> None:
+        # Waits for room (the base class would fail on a full queue), but not for ever.
+        with contextlib.suppress(queue.Full):
+            self._handoff.records.put(None, timeout=STOP_WAIT_S)  # the sentinel it ends at
 
 
 class LogWriters:
     """The writer threads of a set of loggers, started together and stopped together."""
 
     def __init__(self, loggers: Iterable[logging.Logger]) -> None:
-        self._listeners: list[QueueListener] = []
+        self._listeners: list[_Writer] = []
         self._moved: list[tuple[logging.Logger, list[logging.Handler], logging.Handler]] = []
         for logger in loggers:
             handlers = [h for h in logger.handlers if not isinstance(h, QueueHandler)]
             if not handlers:
                 continue
-            records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
-            handoff = _Handoff(records)
-            listener = QueueListener(records, *handlers, respect_handler_level=True)
+            handoff = _Handoff(queue.Queue(HELD_RECORDS))
+            listener = _Writer(handoff, *handlers)
             for handler in handlers:
                 logger.removeHandler(handler)
             logger.addHandler(handoff)
