@@ -656,6 +656,27 @@ MUTATIONS += (
         ("tests/test_cli_imports.py -k executable",),
     ),
     Mutation(
+        "log-queue-unbounded",
+        "target_side/service/log_writer.py",
+        "            handoff = _Handoff(queue.Queue(HELD_RECORDS))\n",
+        "            handoff = _Handoff(queue.Queue())\n",
+        ("tests/test_log_writer.py -k stops_reading",),
+    ),
+    Mutation(
+        "corked-close-drops-what-is-held",
+        "target_side/service/corked.py",
+        "    def close(self) -> None:\n        self.flush()\n",
+        "    def close(self) -> None:\n        self._held, self._size = [], 0\n",
+        ("tests/test_corked.py",),
+    ),
+    Mutation(
+        "cli-parser-for-one-command-without-its-options",
+        "agent_side/cli.py",
+        "        if command is None or chosen:\n",
+        "        if command is None:\n",
+        ("tests/test_cli.py -k knows_every",),
+    ),
+    Mutation(
         "server-on-whatever-loop-is-installed",
         "target_side/service/server.py",
         '        loop="asyncio",\n',
