@@ -656,6 +656,13 @@ MUTATIONS += (
         ("tests/test_cli_imports.py -k executable",),
     ),
     Mutation(
+        "nursery-shrinks-on-a-failed-launch",
+        "target_side/fence/nursery.py",
+        "                self._loop.call_soon_threadsafe(self.spawned.cancel)\n",
+        "                pass\n",
+        ("tests/test_nursery.py -k leaves_the_nursery",),
+    ),
+    Mutation(
         "log-queue-unbounded",
         "target_side/service/log_writer.py",
         "            handoff = _Handoff(queue.Queue(HELD_RECORDS))\n",

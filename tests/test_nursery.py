@@ -8,6 +8,7 @@ nothing that reads a cgroup's members may ever take the server for the turn's.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import signal
 import subprocess
@@ -21,12 +22,13 @@ from test_limits import PIDS_PROBE
 
 from shared.walk import canonical_path
 from shared.wire import PlannedLimits, TurnRequest
+from target_side.errors import RefusedError
 from target_side.fence.cgroupfs import TURN_PREFIX
 from target_side.fence.gate import Gate, StartWatch
 from target_side.fence.identity import InProcess
 from target_side.fence.launch import find_bwrap
 from target_side.fence.limits import Hierarchy, Limiter, TurnLimits
-from target_side.fence.nursery import Worker
+from target_side.fence.nursery import IDLE_WORKERS, Worker
 
 LIMITS = PlannedLimits(wall_s=30, memory_mb=256, pids=16, cpu=1.0, output_mb=1, scratch_mb=1)
 
@@ -131,14 +133,48 @@ def _path_in(listing: str, hierarchy: Hierarchy) -> str:
     return path
 
 
-async def _turn_with_worker(limiter: Limiter) -> TurnLimits:
+async def _turn_with_worker(limiter: Limiter, *, keep: bool = True) -> TurnLimits:
+    """A turn's limits with a settled worker, waiting up to 2 s for one; with ``keep``
+    False only the wait (the worker is left to the nursery)."""
+    nursery = limiter.nursery
+    assert nursery is not None
     for _ in range(200):
-        turn = limiter.for_turn("t-" + "f" * 32, LIMITS)
-        if turn.worker is not None:
-            return turn
-        turn.remove_now()
+        if not keep:
+            if nursery.ready():
+                return TurnLimits(limiter, "unused", LIMITS)
+        else:
+            turn = limiter.for_turn("t-" + "f" * 32, LIMITS)
+            if turn.worker is not None:
+                return turn
+            turn.remove_now()
         await asyncio.sleep(0.01)
     pytest.fail("no worker settled in 2 s")
+
+
+async def test_a_launch_that_fails_after_taking_a_worker_leaves_the_nursery_its_size(
+    tmp_path: Path,
+) -> None:
+    """A worker taken for a launch that then fails is sent away; another must settle in its
+    place, or every such failure (no descriptor left, say) would shrink the nursery for good
+    and every later turn would wait for a move."""
+    limiter = _v1_limiter()
+    limiter.start_nursery(asyncio.get_running_loop())
+    settings = local_settings(Path(canonical_path(tmp_path)))
+    request = TurnRequest(role="builder", argv=["true"], limits={"wall_s": 30})
+
+    def no_descriptors_left(seam: str) -> None:
+        if seam == "open-to-launch":
+            raise OSError(errno.EMFILE, "Too many open files")
+
+    try:
+        for _ in range(IDLE_WORKERS + 2):
+            await _turn_with_worker(limiter, keep=False)  # one settled: the launch takes it
+            with pytest.raises(RefusedError, match="Too many open files"):
+                await launch_planned(settings, request, inject=no_descriptors_left, limiter=limiter)
+        turn = await _turn_with_worker(limiter)
+        turn.remove_now()
+    finally:
+        limiter.close()
 
 
 async def test_a_turn_started_without_a_worker_is_placed_in_its_cgroups(tmp_path: Path) -> None:

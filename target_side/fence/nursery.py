@@ -116,7 +116,8 @@ class Worker:
         return self.spawned
 
     def discard(self) -> None:
-        """Not needed after all: the thread ends (leaving its cgroups), and they are removed."""
+        """Not needed after all: the thread ends (leaving its cgroups), and they are removed;
+        ``spawned`` is cancelled."""
         self._jobs.put(None)
 
     def join(self, timeout: float | None = None) -> None:
@@ -135,6 +136,9 @@ class Worker:
         self._settle()
         job = self._jobs.get()
         if job is None:
+            # Sent away unused: a nursery that took it replaces it once ``spawned`` is done.
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is waiting
+                self._loop.call_soon_threadsafe(self.spawned.cancel)
             return
         start, watch = job
         try:
@@ -210,6 +214,10 @@ class Nursery:
         self._closed = False
         for _ in range(idle):
             self._idle.append(Worker(loop, self._parents))
+
+    def ready(self) -> int:
+        """Workers settled in their slots and waiting for a turn."""
+        return sum(1 for w in self._idle if w.settled.done() and w.settled.result())
 
     def take(self) -> Worker | None:
         """A worker already in its slot, or None; another settles once this one has started.
