@@ -663,6 +663,13 @@ MUTATIONS += (
         ("tests/test_nursery.py -k leaves_the_nursery",),
     ),
     Mutation(
+        "planned-cgroups-left-when-the-launch-never-comes",
+        "target_side/service/turns.py",
+        "        except BaseException:\n            planned.drop()\n            raise\n",
+        "        except BaseException:\n            raise\n",
+        ("tests/test_nursery.py -k leave_none_behind",),
+    ),
+    Mutation(
         "log-queue-unbounded",
         "target_side/service/log_writer.py",
         "            handoff = _Handoff(queue.Queue(HELD_RECORDS))\n",

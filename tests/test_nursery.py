@@ -17,18 +17,22 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import launch_planned, local_settings
+import trustme
+from conftest import launch_planned, local_settings, make_settings
+from test_durability import served
 from test_limits import PIDS_PROBE
 
 from shared.walk import canonical_path
 from shared.wire import PlannedLimits, TurnRequest
-from target_side.errors import RefusedError
+from target_side.errors import BackendError, RefusedError
 from target_side.fence.cgroupfs import TURN_PREFIX
 from target_side.fence.gate import Gate, StartWatch
 from target_side.fence.identity import InProcess
 from target_side.fence.launch import find_bwrap
 from target_side.fence.limits import Hierarchy, Limiter, TurnLimits
 from target_side.fence.nursery import IDLE_WORKERS, Worker
+from target_side.service import turns as turns_module
+from target_side.service.app import create_app
 
 LIMITS = PlannedLimits(wall_s=30, memory_mb=256, pids=16, cpu=1.0, output_mb=1, scratch_mb=1)
 
@@ -175,6 +179,53 @@ async def test_a_launch_that_fails_after_taking_a_worker_leaves_the_nursery_its_
         turn.remove_now()
     finally:
         limiter.close()
+
+
+async def test_turns_that_fail_after_their_cgroups_were_made_leave_none_behind(
+    tmp_path: Path, ca: trustme.CA, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cgroups are made while the turn is planned, before its launch: every way a turn
+    can end between the two (the launch failing, bubblewrap gone, the seat lost) removes
+    them, and sends its settled worker away to be replaced."""
+    limiter = _limiter()
+    failing: dict[str, str | None] = {"step": None}
+
+    def fail(step: str) -> None:
+        if step == failing["step"]:
+            raise OSError(errno.EMFILE, "Too many open files")
+
+    def no_bwrap() -> str:
+        raise BackendError("bubblewrap is not installed")
+
+    app = create_app(make_settings(Path(canonical_path(tmp_path)), ca), inject=fail)
+    ended: list[dict[str, object]] = []
+    async with served(app) as client:
+
+        async def submit() -> None:
+            answer = await client.post("/v1/turns", json={"role": "builder", "argv": ["true"]})
+            ended.append(answer.json())
+
+        failing["step"] = "check-to-open"  # inside the launch, which owns them by then
+        for _ in range(IDLE_WORKERS + 1):
+            await submit()
+        failing["step"] = None
+        manager = app.state.manager
+        monkeypatch.setattr(manager, "_bwrap", None)
+        monkeypatch.setattr(turns_module, "find_bwrap", no_bwrap)  # before the launch
+        for _ in range(IDLE_WORKERS + 1):
+            await submit()
+        monkeypatch.undo()
+        nursery = manager.limiter.nursery
+        for _ in range(200):
+            if nursery is None or nursery.ready():
+                break
+            await asyncio.sleep(0.01)
+        assert nursery is None or nursery.ready()
+    assert [t["exit_code"] for t in ended] == [126] * (2 * IDLE_WORKERS + 2)
+    assert {t["refusal"]["rule"] for t in ended} == {"backend-unavailable"}  # type: ignore[index]
+    names = {f"{TURN_PREFIX}{os.getpid()}-{t['turn_id']}" for t in ended}
+    left = [p for h in limiter.hierarchies for p in h.turn_parent.iterdir() if p.name in names]
+    assert left == []
 
 
 async def test_a_turn_started_without_a_worker_is_placed_in_its_cgroups(tmp_path: Path) -> None:

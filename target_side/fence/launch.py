@@ -300,6 +300,7 @@ async def launch_turn(
     identity: Identity | None = None,
     extra_fds: tuple[int, ...] = (),
     kind: type[RunningTurn] = RunningTurn,
+    limits: TurnLimits | None = None,
 ) -> RunningTurn:
     """Hold every checked path, set up limits and filter, and start bubblewrap as the role.
 
@@ -311,6 +312,8 @@ async def launch_turn(
     behind. ``extra_fds`` reach the command at their own numbers, and stay the
     caller's. ``kind`` is what follows the process (a session's fence speaks
     frames).
+    ``limits``: the turn's cgroups, made already (off the event loop, while it
+    was planned); the launch owns them from here, and drops them if it fails.
 
     A terminal turn's stdin, stdout and stderr are one pty: the server keeps
     its master, the fence gets the other side, which ``setsid --ctty`` makes
@@ -318,13 +321,13 @@ async def launch_turn(
     """
     starter = identity if identity is not None else InProcess()
     opened: list[int] = []
-    limits: TurnLimits | None = None
     gate: Gate | None = None
     master: int | None = None
     try:
         held = hold_fence(plan, inject)
         opened += held.fds()
-        limits = limiter.for_turn(plan.turn_id, plan.limits)
+        if limits is None:
+            limits = limiter.for_turn(plan.turn_id, plan.limits)
         status_read, status_write = _pipe(opened)
         block_read, block_write = _pipe(opened)
         gate = Gate(status_read, block_write, limits)

@@ -43,6 +43,7 @@ import os
 import secrets
 import shutil
 import signal
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -62,7 +63,7 @@ from target_side.fence.cgroupfs import (
     v2_mount,
     words,
 )
-from target_side.fence.nursery import Nursery, Worker, remove_when_empty
+from target_side.fence.nursery import Nursery, Worker, send_away
 
 log = logging.getLogger("paddock.target")
 
@@ -124,6 +125,7 @@ class Limiter:
         self.hierarchies = tuple(hierarchies)
         self.rlimits = rlimits
         self.nursery: Nursery | None = None
+        self._making = threading.Lock()
 
     def start_nursery(self, loop: asyncio.AbstractEventLoop) -> None:
         """Keep workers settled in fresh turn cgroups (``fence.nursery``): cgroup v1 only."""
@@ -211,19 +213,34 @@ class Limiter:
         return "; ".join(problems) or None
 
     def for_turn(self, turn_id: str, limits: PlannedLimits) -> TurnLimits:
-        """Create ``turn_id``'s cgroups with ``limits`` written; nothing runs in them yet.
+        """Create ``turn_id``'s cgroups with ``limits`` written; nothing runs in them yet
+        (event loop: a settled worker is taken where one is free)."""
+        return self.make_for_turn(turn_id, limits, self.take_worker())
 
-        With a settled worker free, its slot becomes the turn's cgroups (renamed):
-        the worker's thread then starts the turn's first process inside them.
+    def take_worker(self) -> Worker | None:
+        """A worker settled in a slot of fresh cgroups, if one is free (event loop only)."""
+        return self.nursery.take() if self.nursery is not None else None
+
+    def make_for_turn(
+        self, turn_id: str, limits: PlannedLimits, worker: Worker | None = None
+    ) -> TurnLimits:
+        """``for_turn`` with the worker already taken, on any thread (blocking).
+
+        With a worker, its slot becomes the turn's cgroups (renamed): its thread
+        then starts the turn's first process inside them. Without one, they are
+        made. One turn's at a time: every cgroup operation takes the kernel's one
+        cgroup lock, and threads queued there as well hold it up for the moves and
+        removals of running turns (turns made on many threads at once measured
+        slower than on one); here they queue in the server instead.
         """
-        worker = self.nursery.take() if self.nursery is not None else None
         turn = TurnLimits(self, f"{TURN_PREFIX}{os.getpid()}-{turn_id}", limits, worker=worker)
         try:
-            if worker is not None:
-                turn.take_slot(worker)
-            else:
-                for hierarchy in self.hierarchies:
-                    turn.create(hierarchy)
+            with self._making:
+                if worker is not None:
+                    turn.take_slot(worker)
+                else:
+                    for hierarchy in self.hierarchies:
+                        turn.create(hierarchy)
         except OSError as exc:
             turn.remove_now()
             raise LimitError(f"could not set up the turn's cgroups: {exc}") from exc
@@ -382,9 +399,7 @@ class TurnLimits:
     def remove_now(self) -> None:
         """Remove without waiting (nothing was ever placed in them but a worker, sent away)."""
         if self.worker is not None:
-            self.worker.discard()
-            self.worker.join(1.0)
-            remove_when_empty(list(self.dirs))
+            send_away(self.worker, list(self.dirs))
             self.dirs.clear()
             return
         self._try_remove()

@@ -256,6 +256,14 @@ def _tell(step: Callable[..., None], *args: Any) -> None:
         log.exception("a turn worker's watch failed")
 
 
+def send_away(worker: Worker, dirs: Sequence[Path] | None = None) -> None:
+    """A taken worker not needed after all: it ends, and its cgroups (``dirs``, its slot's if
+    None) are removed (blocking, briefly)."""
+    worker.discard()
+    worker.join(1.0)
+    remove_when_empty(worker.dirs if dirs is None else dirs)
+
+
 def remove_when_empty(dirs: Sequence[Path]) -> list[Path]:
     """rmdir each of ``dirs``, retrying a little while one is still busy; those left."""
     left = list(dirs)

@@ -50,6 +50,7 @@ from shared.wire import (
 from target_side.config import Settings
 from target_side.errors import (
     BackendError,
+    LimitError,
     NoTerminal,
     RefusedError,
     StdinClosed,
@@ -66,7 +67,8 @@ from target_side.fence.home import open_state_root
 from target_side.fence.identity import InProcess, for_settings
 from target_side.fence.identity import warm as warm_spawning
 from target_side.fence.launch import env_default_signal, find_bwrap, launch_turn
-from target_side.fence.limits import Limiter, Totals
+from target_side.fence.limits import Limiter, Totals, TurnLimits
+from target_side.fence.nursery import Worker, send_away
 from target_side.fence.runner import Outcome, RunningTurn
 from target_side.fence.session_fence import SessionTurn
 from target_side.policy import refusals
@@ -140,14 +142,23 @@ class StartedElsewhere:
     """Called once it is recorded as ended."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class Planned:
-    """A turn's plan, and whether its role's home was made on the thread that planned it."""
+    """A turn's plan, whether its role's home was made on the thread that planned it, and
+    the cgroups made there for it."""
 
     plan: FencePlan
     home_ready: bool = False
     repaired: str | None = None
     """With ``home_ready``: what had to be repaired in the home, if anything."""
+    limits: TurnLimits | None = None
+    """The turn's cgroups, until its launch takes them over (``drop`` them if it never does)."""
+
+    def drop(self) -> None:
+        """The turn will not be launched: its cgroups go (blocking, briefly)."""
+        if self.limits is not None:
+            self.limits.remove_now()
+            self.limits = None
 
 
 class TurnManager:
@@ -346,10 +357,14 @@ class TurnManager:
             self.leases.admit(request.role, request.lease)
         except RefusedError as exc:
             no_lease = exc  # refused all the same, once its spool is there to say so
+        # Taken here (the nursery is the event loop's), used on the planning thread.
+        worker = self.limiter.take_worker()
         try:
-            # Off the event loop: the spool is made, and planning walks paths and searches
-            # writable mounts.
-            planned = await asyncio.to_thread(self._make_and_plan, record, request, no_lease)
+            # Off the event loop: the spool is made, planning walks paths and searches
+            # writable mounts, and the turn's cgroups are made.
+            planned = await asyncio.to_thread(
+                self._make_and_plan, record, request, no_lease, worker
+            )
         except StorageError as exc:
             # The turn's spool could not be made: nothing was, and the disk says why.
             self._forget(record)
@@ -362,9 +377,7 @@ class TurnManager:
             )
             return record.turn
         try:
-            # Again at launch: a seat taken over while the turn was planned refuses it.
-            self.leases.admit(request.role, request.lease)
-            await self._launch(record, planned)
+            await self._launch(record, planned, request)
         except RefusedError as refused:
             await self._finish(
                 record, Outcome(refused.refusal.exit_code, refusal=refused.refusal), request
@@ -527,15 +540,34 @@ class TurnManager:
             self._idempotency.pop(record.stored.idempotency, None)
 
     def _make_and_plan(
-        self, record: TurnRecord, request: TurnRequest, refused: RefusedError | None = None
+        self,
+        record: TurnRecord,
+        request: TurnRequest,
+        refused: RefusedError | None = None,
+        worker: Worker | None = None,
     ) -> Planned:
-        """The turn's spool made on disk, its fence planned, and its role's home made where
-        that needs no one else (blocking); ``refused`` (decided before) is raised once the
-        spool is there."""
-        record.spool.create(report=False)
-        if refused is not None:
-            raise refused
-        plan = self.plan(request, record.turn.turn_id)
+        """The turn's spool made on disk, its fence planned, its role's home made where that
+        needs no one else, and its cgroups made (blocking; with ``worker``'s slot if one was
+        taken, which is sent away if the turn goes no further); ``refused`` (decided before)
+        is raised once the spool is there."""
+        try:
+            record.spool.create(report=False)
+            if refused is not None:
+                raise refused
+            planned = self._planned_with_home(self.plan(request, record.turn.turn_id))
+        except BaseException:
+            if worker is not None:
+                send_away(worker)
+            raise
+        try:
+            planned.limits = self.limiter.make_for_turn(
+                planned.plan.turn_id, planned.plan.limits, worker
+            )
+        except LimitError as exc:
+            raise RefusedError(refusals.backend_unavailable(str(exc))) from exc
+        return planned
+
+    def _planned_with_home(self, plan: FencePlan) -> Planned:
         make_home = self.identity.home_here(
             self.settings.state_root, plan.role, (plan.uid, plan.gid)
         )
@@ -546,16 +578,20 @@ class TurnManager:
         except TargetError as exc:
             raise RefusedError(refusals.backend_unavailable(str(exc))) from exc
 
-    async def _launch(self, record: TurnRecord, planned: Planned) -> None:
+    async def _launch(self, record: TurnRecord, planned: Planned, request: TurnRequest) -> None:
         plan = planned.plan
         try:
-            bwrap = self.bwrap()
-        except BackendError as exc:
-            raise RefusedError(refusals.backend_unavailable(str(exc))) from exc
-        repaired = planned.repaired if planned.home_ready else await self._home_awaited(plan)
+            # Again at launch: a seat taken over while the turn was planned refuses it.
+            self.leases.admit(request.role, request.lease)
+            bwrap = self._bwrap_or_refuse()
+            repaired = planned.repaired if planned.home_ready else await self._home_awaited(plan)
+        except BaseException:
+            planned.drop()
+            raise
         if repaired is not None:
             record.spool.append_kept("notice", message=repaired)
-        running = await self._spawn(bwrap, plan, record.spool)
+        limits, planned.limits = planned.limits, None  # the launch's from here
+        running = await self._spawn(bwrap, plan, record.spool, limits)
         record.running = running
         # When it began, not when the loop got here: under load that can be a second later.
         record.update(started_at=_on_the_clock(running.started_at), executable=plan.executable)
@@ -576,9 +612,17 @@ class TurnManager:
         except TargetError as exc:
             raise RefusedError(refusals.backend_unavailable(str(exc))) from exc
 
-    async def _spawn(self, bwrap: str, plan: FencePlan, spool: EventSpool) -> RunningTurn:
+    def _bwrap_or_refuse(self) -> str:
+        try:
+            return self.bwrap()
+        except BackendError as exc:
+            raise RefusedError(refusals.backend_unavailable(str(exc))) from exc
+
+    async def _spawn(
+        self, bwrap: str, plan: FencePlan, spool: EventSpool, limits: TurnLimits | None = None
+    ) -> RunningTurn:
         return await launch_turn(
-            bwrap, plan, spool.append, self.limiter, self._inject, self.identity
+            bwrap, plan, spool.append, self.limiter, self._inject, self.identity, limits=limits
         )
 
     async def _follow(
