@@ -121,7 +121,8 @@ class Worker:
         self._jobs.put(None)
 
     def join(self, timeout: float | None = None) -> None:
-        """Wait until the thread has finished (and so left its cgroups)."""
+        """Wait until the thread's work is done. It leaves its cgroups as it exits, a moment
+        later: whoever removes them next retries while they are busy."""
         self._gone.wait(timeout)
 
     def _run(self) -> None:
