@@ -1,22 +1,22 @@
 """The server's log lines written out by threads of their own, never by the event loop.
 
-Every request makes uvicorn's access line and every turn the line of its end,
-both on the event loop, where writing one out (formatted, written, flushed to
-stderr, a pipe or a file) measured 0.26 ms: half a millisecond of each turn
-during which no other turn's stream moved, and more when the log's reader is
-slow. Here each logger that has handlers gets a ``QueueHandler`` in their
-place, and a ``QueueListener`` thread hands its records to the handlers it
-had. Filters still run where the line is made (``log_repeats`` counts there).
+Every request makes uvicorn's access line and every turn the line of its
+end, both on the event loop. Written there, a log whose reader stops
+reading (a stalled journal, a full pipe) stopped the event loop with it,
+and every turn. Here each logger that has handlers gets a ``QueueHandler``
+in their place, and a ``QueueListener`` thread hands its records to the
+handlers it had. Filters still run where the line is made (``log_repeats``
+counts there). With a reader that keeps up it changes nothing measurable:
+alternated, 30 rounds of 20 turns, ``true`` p50 0.99x and the loop's CPU
+1.00x against writing on the loop.
 
 Records cross as they are, arguments and all: uvicorn's access formatter
 reads them, and what the server logs is strings, numbers and paths, which do
 not change on the way.
 
-A log whose reader stops reading (a stalled journal, a full pipe) used to
-stop the event loop with it, and every turn. Now it stops one writer thread;
-up to ``HELD_RECORDS`` lines wait for it, and lines past that are dropped,
-counted, and said to have been (a warning from ``paddock.target``) once the
-reader takes lines again.
+A stalled reader stops one writer thread: up to ``HELD_RECORDS`` lines wait
+for it, and lines past that are dropped, counted, and said to have been (a
+warning from ``paddock.target``) once it reads again.
 """
 
 from __future__ import annotations
