@@ -784,8 +784,24 @@ MUTATIONS += (
     Mutation(
         "end-recorded-before-the-output-is-on-disk",
         "target_side/service/turns.py",
-        '            await self._ledger_append("end", turn=end, before=record.spool.sync, **facts)',
-        '            await self._ledger_append("end", turn=end, **facts)',
+        '        await self._ledger_append("end", turn=end.turn, before=record.spool.sync, **end.facts)',
+        '        await self._ledger_append("end", turn=end.turn, **end.facts)',
+        ("tests/test_durability.py -k output_is_on_disk",),
+    ),
+    Mutation(
+        "ledger-appends-from-threads-not-grouped",
+        "target_side/service/ledger.py",
+        "                batch = self._take_queued()\n",
+        "                batch = [entry]\n"
+        "                with self._queue_lock:\n"
+        "                    self._queued.remove(entry)\n",
+        ("tests/test_ledger_recovery.py -k many_threads",),
+    ),
+    Mutation(
+        "end-recorded-on-the-audits-thread-before-the-output-is-on-disk",
+        "target_side/service/turns.py",
+        '            "end", turn=end.turn, before=record.spool.sync, **end.facts',
+        '            "end", turn=end.turn, **end.facts',
         ("tests/test_durability.py -k output_is_on_disk",),
     ),
 )

@@ -263,12 +263,23 @@ def test_retention_sweep_removes_old_finished_turns(tmp_path: Path, ca: trustme.
     assert list((settings.state_root / "turns").iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    ("command", "noticed"),
+    [
+        # The audit moves the .envrc aside after the turn, with a notice in the spool: the
+        # line is written from the event loop, after the notice.
+        ("echo kept; touch .envrc", True),
+        # Nothing to say: the line is written on the audit's own thread.
+        ("echo kept", False),
+    ],
+    ids=["after-a-notice", "on-the-audits-thread"],
+)
 def test_a_turns_output_is_on_disk_before_its_end_is_recorded(
-    tmp_path: Path, ca: trustme.CA, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, ca: trustme.CA, monkeypatch: pytest.MonkeyPatch, command: str, noticed: bool
 ) -> None:
     """The ledger's end line vouches for the turn's output, and for the notices after it (the
-    audit's, here): all synced first. Only the terminal event after it is not, since a
-    restart writes it again from the ledger."""
+    audit's): all synced first. Only the terminal event after it is not, since a restart
+    writes it again from the ledger."""
     settings = make_settings(Path(canonical_path(tmp_path)), ca)
     app = create_app(settings)
     seen: list[tuple[str, str]] = []
@@ -289,8 +300,7 @@ def test_a_turns_output_is_on_disk_before_its_end_is_recorded(
 
     async def scenario() -> str:
         async with served(app) as c:
-            # The audit moves the .envrc aside after the turn, with a notice in the spool.
-            body = {"role": "builder", "argv": ["sh", "-c", "echo kept; touch .envrc"]}
+            body = {"role": "builder", "argv": ["sh", "-c", command]}
             turn = (await c.post("/v1/turns", json=body)).json()
             async with c.stream("GET", f"/v1/turns/{turn['turn_id']}/events") as r:
                 async for _ in r.aiter_lines():
@@ -305,10 +315,10 @@ def test_a_turns_output_is_on_disk_before_its_end_is_recorded(
     )
     assert synced < end
     *vouched_for, _exit = records_on_disk(Path(spool))
-    assert b"notice" in vouched_for[-1]
+    assert (b"notice" in vouched_for[-1]) == noticed
     syncs_before_end = sum(1 for what, _ in seen[:end] if what == "synced")
     synced_sizes = [size for path, size in sizes[:syncs_before_end] if path == spool]
-    assert max(synced_sizes) >= sum(map(len, vouched_for))  # the notice was on the disk too
+    assert max(synced_sizes) >= sum(map(len, vouched_for))  # the notice, if any, on the disk too
 
 
 def _free_port() -> int:

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -315,6 +319,39 @@ def test_the_head_is_overwritten_in_place_not_replaced(tmp_path: Path) -> None:
     assert json.loads(head.read_bytes())["count"] == 6
     book.close_now()
     assert ledger.verify(tmp_path).count == 6
+
+
+def test_records_appended_from_many_threads_at_once_share_fsyncs_and_chain(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Group commit on threads: a record queued while another thread's fsync runs is written
+    with the next, under one fsync; each record's ``before`` runs before its line is written,
+    and the chain checks out."""
+    book = ledger.Ledger(tmp_path)
+    fsyncs: list[int] = []
+    real_fsync = os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        fsyncs.append(fd)
+        time.sleep(0.02)  # a disk slow enough for every other thread to queue meanwhile
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+    threads = 16
+    at_once = threading.Barrier(threads)
+    made_durable: list[str] = []
+
+    def append(n: int) -> bool:
+        at_once.wait()
+        return book.append_here("note", before=lambda: made_durable.append(f"n{n}"), text=f"n{n}")
+
+    with ThreadPoolExecutor(threads) as pool:
+        assert all(pool.map(append, range(threads)))
+    assert len(fsyncs) <= threads // 4
+    book.close_now()
+    assert ledger.verify(tmp_path).count == threads
+    written = [r["text"] for r in _records(tmp_path)]
+    assert sorted(written) == sorted(made_durable) == sorted(f"n{n}" for n in range(threads))
 
 
 def test_a_record_appended_while_verify_reads_the_chain_is_not_taken_for_a_cut(

@@ -121,6 +121,12 @@ class Identity(Protocol):
     ) -> list[str]:
         """Move aside protected names the turn made (``fence.audit``); one sentence per move."""
 
+    def audit_here(
+        self, role: str, ids: tuple[int, int], expected: Mapping[str, str | None], turn_id: str
+    ) -> Callable[[], list[str]] | None:
+        """``audit`` as a blocking call, for a caller already on a thread of its own; None
+        where it can only be awaited."""
+
 
 def for_settings(settings: Settings) -> Identity:
     """The launcher where the server is not root and one is configured; else the server itself."""
@@ -210,6 +216,11 @@ class InProcess:
         self, role: str, ids: tuple[int, int], expected: Mapping[str, str | None], turn_id: str
     ) -> list[str]:
         return await asyncio.to_thread(audit.enforce, expected, turn_id)
+
+    def audit_here(
+        self, role: str, ids: tuple[int, int], expected: Mapping[str, str | None], turn_id: str
+    ) -> Callable[[], list[str]] | None:
+        return functools.partial(audit.enforce, expected, turn_id)
 
 
 def as_ids_prefix(uid: int, gid: int) -> tuple[str, ...]:

@@ -156,6 +156,11 @@ class ViaLauncher:
         reply = await self.ask(request | {"turn_id": turn_id, "expected": dict(expected)})
         return [str(m) for m in reply.get("moved", [])]
 
+    def audit_here(
+        self, role: str, ids: tuple[int, int], expected: Mapping[str, str | None], turn_id: str
+    ) -> Callable[[], list[str]] | None:
+        return None  # the launcher audits, as root, asked over its socket
+
     async def hello(self) -> tuple[int, dict[str, Any]]:
         """The launcher's pid (from the kernel) and what it says of itself (or its refusal)."""
         return await self._ask({"op": "hello"})

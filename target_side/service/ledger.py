@@ -48,6 +48,7 @@ import hashlib
 import json
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,8 +104,10 @@ class Ledger:
         verified = verify(state_root, repair_head=True)
         self._count, self._last = verified.count, verified.head_hash
         self._held: list[tuple[str, dict[str, Any]]] = []
-        self._waiting: list[_Append] = []
-        self._writer: asyncio.Task[None] | None = None
+        self._lock = threading.Lock()
+        """The chain's: held records, count, last hash, the file and the head."""
+        self._queue_lock = threading.Lock()
+        self._queued: list[_Append] = []
         if cut is not None:
             log.warning(
                 "ledger: cut a torn last record of %d bytes (sha256 %s), kept in %s",
@@ -126,18 +129,28 @@ class Ledger:
 
         False: the disk refused it; it is held, after any held before it, until
         ``flush`` gets it written. ``before`` runs first on the writing thread:
-        what the record vouches for is made durable before the record is.
+        what the record vouches for is made durable before the record is. A
+        caller that goes away does not take its record with it: the thread
+        writes it all the same.
         """
-        return await self._enqueue(_Append(kind, fields, before))
+        return await asyncio.to_thread(self.append_here, kind, before=before, **fields)
+
+    def append_here(
+        self, kind: str, *, before: Callable[[], object] | None = None, **fields: Any
+    ) -> bool:
+        """``append`` on the calling thread (blocking), committed together with whatever
+        other threads append meanwhile."""
+        return self._commit_with_others(_Append(kind, fields, before))
 
     def append_now(self, kind: str, **fields: Any) -> bool:
         """``append``, on the calling thread (start-up and ``repair``)."""
-        self._held.append((kind, fields))
-        return self._write_held()
+        with self._lock:
+            self._held.append((kind, fields))
+            return self._write_held()
 
     async def flush(self) -> bool:
         """Write every held record; True when none is left."""
-        return await self._enqueue(None)
+        return await asyncio.to_thread(self._commit_with_others, _Append("", {}, None))
 
     async def close(self) -> None:
         """Write what waits, and put the head on the disk: a clean stop leaves it current."""
@@ -146,31 +159,32 @@ class Ledger:
 
     def close_now(self) -> None:
         """Put the head on the disk and let it go (the calling thread; ``repair``, ``close``)."""
-        self._head.write(self._count, self._last)
-        self._head.close()
+        with self._lock:
+            self._head.write(self._count, self._last)
+            self._head.close()
 
-    async def _enqueue(self, entry: _Append | None) -> bool:
-        done = asyncio.get_running_loop().create_future()
-        self._waiting.append(_Append("", {}, None, done) if entry is None else entry.bound(done))
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._write_waiting())
-        # Shielded: a caller that goes away does not take its record with it.
-        return bool(await asyncio.shield(done))
+    def _commit_with_others(self, entry: _Append) -> bool:
+        """Group commit: whoever holds the chain writes every record queued by then, under
+        one fsync; a thread that gets it next finds its own record written already."""
+        with self._queue_lock:
+            self._queued.append(entry)
+        with self._lock:
+            if entry.outcome is None:
+                batch = self._take_queued()
+                try:
+                    written: bool | BaseException = self._commit(batch)
+                except BaseException as exc:
+                    written = exc
+                for queued in batch:
+                    queued.outcome = written
+        if isinstance(entry.outcome, BaseException):
+            raise entry.outcome
+        return bool(entry.outcome)
 
-    async def _write_waiting(self) -> None:
-        """One writer: whatever queued meanwhile goes to the disk together, under one fsync."""
-        while self._waiting:
-            batch, self._waiting = self._waiting, []
-            try:
-                written = await asyncio.to_thread(self._commit, batch)
-            except BaseException as exc:
-                for entry in batch:
-                    if entry.done is not None and not entry.done.done():
-                        entry.done.set_exception(exc)
-                raise
-            for entry in batch:
-                if entry.done is not None and not entry.done.done():
-                    entry.done.set_result(written)
+    def _take_queued(self) -> list[_Append]:
+        with self._queue_lock:
+            batch, self._queued = self._queued, []
+        return batch
 
     def _commit(self, batch: list[_Append]) -> bool:
         for entry in batch:
@@ -267,16 +281,13 @@ class Latest:
 
 @dataclass
 class _Append:
-    """A record waiting for the writer (``kind`` empty: only a flush), and who waits for it."""
+    """A record queued for the next commit (``kind`` empty: only a flush), and how it went."""
 
     kind: str
     fields: dict[str, Any]
     before: Callable[[], object] | None
-    done: asyncio.Future[bool] | None = None
-
-    def bound(self, done: asyncio.Future[bool]) -> _Append:
-        self.done = done
-        return self
+    outcome: bool | BaseException | None = None
+    """Set by the thread that committed it: written, held, or what the commit raised."""
 
 
 def _cut_back(fd: int, size: int) -> None:

@@ -640,22 +640,8 @@ class TurnManager:
             log.exception("turn %s: lost track of its process", plan.turn_id)
             running.kill_now()
             outcome = Outcome(ExitStatus.PADDOCK_FAILED)
-        # Its output is all in: onto the disk while the audit runs. The end's ledger line
-        # syncs the spool again before it is written, at no cost when nothing came since.
-        synced = asyncio.ensure_future(asyncio.to_thread(record.spool.sync))
         try:
-            moved = await self.identity.audit(
-                plan.role, (plan.uid, plan.gid), plan.audit, plan.turn_id
-            )
-        except TargetError as exc:
-            log.error("turn %s: the audit after it could not run: %s", plan.turn_id, exc)
-            moved = [f"the protected paths could not be checked after the turn: {exc}"]
-        finally:
-            await synced
-        for said in moved:
-            record.spool.append_kept("notice", message=said)
-        try:
-            await self._finish(record, outcome)
+            await self._finish(record, outcome, fence=plan)
         finally:
             if ended is not None:
                 await ended()
@@ -666,8 +652,13 @@ class TurnManager:
             log.exception("turn %s: cleaning up after it failed", plan.turn_id)
 
     async def _finish(
-        self, record: TurnRecord, outcome: Outcome, request: TurnRequest | None = None
+        self,
+        record: TurnRecord,
+        outcome: Outcome,
+        request: TurnRequest | None = None,
+        fence: FencePlan | None = None,
     ) -> None:
+        """The turn's end: recorded (after the audit of ``fence``, if it ran in one), then told."""
         notices = [] if outcome.failure is None else [outcome.failure]
         if record.stopped is not None and outcome.exit_code == for_signal(signal.SIGKILL):
             notices.append(record.stopped)
@@ -685,14 +676,8 @@ class TurnManager:
         record.running = None
         self._count_health(outcome)
         try:
-            for message in notices:
-                record.spool.append_kept("notice", message=message)
-            # Durable first: whoever sees the terminal event can rely on the ledger, the
-            # turn's commit point, and on its output, synced before the line that vouches for
-            # it (on a full disk, on the restart that takes the spool's word for it).
             facts = {"request": _request_facts(request)} if request is not None else {}
-            end = _turn_json(record.turn)
-            await self._ledger_append("end", turn=end, before=record.spool.sync, **facts)
+            await self._record_end(record, _End(_turn_json(record.turn), facts, notices), fence)
             _append_terminal(record)
         finally:
             # Counted until recorded: a stopping target waits for exactly this.
@@ -706,6 +691,57 @@ class TurnManager:
             state,
             outcome.exit_code,
         )
+
+    async def _record_end(self, record: TurnRecord, end: _End, fence: FencePlan | None) -> None:
+        """The audit after ``fence``, what it and ``end`` say in the spool, then the end's line.
+
+        Durable first: whoever sees the terminal event can rely on the ledger,
+        the turn's commit point, and on its output, synced before the line that
+        vouches for it (on a full disk, on the restart that takes the spool's
+        word for it). Where the audit runs on a thread here and there is nothing
+        to say, the line is written on that same thread: one hop off the event
+        loop for the whole end, not three.
+        """
+        here = None
+        if fence is not None and not end.notices:
+            here = self.identity.audit_here(
+                fence.role, (fence.uid, fence.gid), fence.audit, fence.turn_id
+            )
+        if here is not None:
+            moved, written = await asyncio.to_thread(self._audit_then_end, here, record, end)
+            if written is not None:
+                self._ledger_written(written)
+                return
+        else:
+            moved = await self._audit(record, fence) if fence is not None else []
+        for said in (*moved, *end.notices):
+            record.spool.append_kept("notice", message=said)
+        await self._ledger_append("end", turn=end.turn, before=record.spool.sync, **end.facts)
+
+    def _audit_then_end(
+        self, audit: Callable[[], list[str]], record: TurnRecord, end: _End
+    ) -> tuple[list[str], bool | None]:
+        """On a thread: the audit, then, if it moved nothing, the end's ledger line (whether
+        it was written; None when it was left for the event loop, after the notices)."""
+        moved = _audited(audit, record.turn.turn_id)
+        if moved:
+            return moved, None
+        return [], self.ledger.append_here(
+            "end", turn=end.turn, before=record.spool.sync, **end.facts
+        )
+
+    async def _audit(self, record: TurnRecord, fence: FencePlan) -> list[str]:
+        """The audit through the identity; the output onto the disk meanwhile (the end's ledger
+        line syncs the spool again, at no cost when nothing came since)."""
+        synced = asyncio.ensure_future(asyncio.to_thread(record.spool.sync))
+        try:
+            return await self.identity.audit(
+                fence.role, (fence.uid, fence.gid), fence.audit, fence.turn_id
+            )
+        except TargetError as exc:
+            return _audit_failed(fence.turn_id, exc)
+        finally:
+            await synced
 
     def _count_health(self, outcome: Outcome) -> None:
         """Target-made failures count towards ``turns-failing``; only a turn that ran clears it."""
@@ -728,11 +764,15 @@ class TurnManager:
         self, kind: str, *, before: Callable[[], object] | None = None, **fields: Any
     ) -> bool:
         written = await self.ledger.append(kind, before=before, **fields)
+        self._ledger_written(written)
+        return written
+
+    def _ledger_written(self, written: bool) -> None:
+        """A record the disk refused (held for it) is a disk failing: say so."""
         if not written:
             self._storage_failed(
                 StorageError(f"{self.ledger.path}: {self.ledger.held} record(s) wait for the disk")
             )
-        return written
 
     def _storage_failed(self, exc: StorageError) -> None:
         """A write under the state root failed: say so, refuse new turns, probe until it passes."""
@@ -977,6 +1017,27 @@ def fence_view(plan: FencePlan) -> FenceView:
         ],
         limits=plan.limits,
     )
+
+
+@dataclass(frozen=True)
+class _End:
+    """What a turn's end records: the turn as it ended, the ledger's facts, and notices."""
+
+    turn: dict[str, Any]
+    facts: dict[str, Any]
+    notices: list[str]
+
+
+def _audited(audit: Callable[[], list[str]], turn_id: str) -> list[str]:
+    try:
+        return audit()
+    except TargetError as exc:
+        return _audit_failed(turn_id, exc)
+
+
+def _audit_failed(turn_id: str, exc: TargetError) -> list[str]:
+    log.error("turn %s: the audit after it could not run: %s", turn_id, exc)
+    return [f"the protected paths could not be checked after the turn: {exc}"]
 
 
 def _append_terminal(record: TurnRecord) -> None:
