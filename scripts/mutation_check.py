@@ -591,7 +591,7 @@ MUTATIONS += (
     Mutation(
         "turn-born-outside-its-cgroups",
         "target_side/fence/nursery.py",
-        '                (slot / "tasks").write_text(f"{tid}\\n")',
+        '                write_control(slot / "tasks", f"{tid}\\n")',
         "                pass",
         ("tests/test_limits.py::test_pids_limit_is_exactly_the_turns_own",),
     ),

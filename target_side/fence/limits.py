@@ -58,10 +58,12 @@ from target_side.fence.cgroupfs import (
     CgroupMount,
     cgroup_mounts,
     memberships,
+    read_control,
     under,
     v1_mount,
     v2_mount,
     words,
+    write_control,
 )
 from target_side.fence.nursery import Nursery, Worker, send_away
 
@@ -341,7 +343,7 @@ class TurnLimits:
         if self.born_inside:
             return
         for path in self.dirs:
-            (path / "cgroup.procs").write_text(f"{pid}\n")
+            write_control(path / "cgroup.procs", f"{pid}\n")
 
     def rlimit_prefix(self, uid: int) -> tuple[str, ...]:
         """A ``prlimit`` prefix for what no cgroup bounds, applied by the turn to itself.
@@ -511,7 +513,7 @@ def _read_usage(path: Path, hierarchy: Hierarchy, found: Usage) -> None:
 
 def _write(path: Path, value: str, optional: bool = False) -> bool:
     try:
-        path.write_text(value)
+        write_control(path, value)
     except OSError:
         if optional:
             return False
@@ -521,7 +523,7 @@ def _write(path: Path, value: str, optional: bool = False) -> bool:
 
 def _int(path: Path, unit: int) -> int | None:
     try:
-        return int(path.read_text().split()[0]) // unit
+        return int(read_control(path).split()[0]) // unit
     except (OSError, ValueError, IndexError):
         return None
 
@@ -529,7 +531,7 @@ def _int(path: Path, unit: int) -> int | None:
 def _keyed(path: Path) -> dict[str, int]:
     found: dict[str, int] = {}
     with contextlib.suppress(OSError):
-        for line in path.read_text().splitlines():
+        for line in read_control(path).splitlines():
             key, _, value = line.partition(" ")
             with contextlib.suppress(ValueError):
                 found[key] = int(value)
@@ -539,7 +541,7 @@ def _keyed(path: Path) -> dict[str, int]:
 def _pids(path: Path) -> list[int]:
     """The processes in a turn's cgroup: never the server, whose worker thread may be one."""
     try:
-        listed = [int(p) for p in (path / "cgroup.procs").read_text().split()]
+        listed = [int(p) for p in read_control(path / "cgroup.procs").split()]
     except (OSError, ValueError):
         return []
     return [pid for pid in listed if pid != os.getpid()]

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from target_side.fence import thread_ids
-from target_side.fence.cgroupfs import TURN_PREFIX
+from target_side.fence.cgroupfs import TURN_PREFIX, write_control
 
 log = logging.getLogger("paddock.target")
 
@@ -177,7 +177,7 @@ class Worker:
             tid = threading.get_native_id()
             for slot in made:
                 # One thread, not the process: ``tasks`` takes a thread id (cgroup v1).
-                (slot / "tasks").write_text(f"{tid}\n")
+                write_control(slot / "tasks", f"{tid}\n")
         except OSError as exc:
             log.warning("could not settle a turn worker in %s: %s", made or self._parents, exc)
             self._leave(made)
@@ -191,7 +191,7 @@ class Worker:
         tid = threading.get_native_id()
         for slot in made:
             with contextlib.suppress(OSError):
-                (slot.parent / "tasks").write_text(f"{tid}\n")
+                write_control(slot.parent / "tasks", f"{tid}\n")
             with contextlib.suppress(OSError):
                 slot.rmdir()
 
