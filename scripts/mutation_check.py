@@ -596,6 +596,20 @@ MUTATIONS += (
         ("tests/test_limits.py::test_pids_limit_is_exactly_the_turns_own",),
     ),
     Mutation(
+        "fence-born-inside-still-waits-at-a-gate",
+        "target_side/fence/launch.py",
+        "        block_read, block_write = (-1, -1) if limits.born_inside else _pipe(opened)",
+        "        block_read, block_write = _pipe(opened)",
+        ("tests/test_nursery.py -k without_waiting_to_be_held",),
+    ),
+    Mutation(
+        "ungated-sandbox-held-by-its-pid-alone",
+        "target_side/fence/gate.py",
+        "        if self._block < 0 and parent_of(pid) != process.pid:",
+        "        if False:",
+        ("tests/test_nursery.py -k only_bubblewraps_own_child",),
+    ),
+    Mutation(
         "gate-opened-before-the-turn-is-placed",
         "target_side/fence/gate.py",
         "            if self._limits is not None:\n                self._limits.place(pid)",

@@ -1,5 +1,6 @@
-"""A turn's bubblewrap born inside its cgroups (cgroup v1), its gate opened by the thread that
-started it, and the server kept out of its limits.
+"""A turn's bubblewrap born inside its cgroups (cgroup v1) with no gate to wait at, a gate
+opened by the thread that started it where a fence is moved in, and the server kept out of
+its limits.
 
 The nursery's workers are threads of the server sitting in a turn's cgroups;
 nothing that reads a cgroup's members may ever take the server for the turn's.
@@ -8,6 +9,7 @@ nothing that reads a cgroup's members may ever take the server for the turn's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import signal
@@ -226,6 +228,68 @@ async def test_turns_that_fail_after_their_cgroups_were_made_leave_none_behind(
     names = {f"{TURN_PREFIX}{os.getpid()}-{t['turn_id']}" for t in ended}
     left = [p for h in limiter.hierarchies for p in h.turn_parent.iterdir() if p.name in names]
     assert left == []
+
+
+async def test_a_fence_born_inside_its_cgroups_runs_its_command_without_waiting_to_be_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing is to be done before its command may run, so it has no gate: a thread slow to
+    hold it (not yet scheduled, waiting for the interpreter lock) holds nothing back. With a
+    gate, the command would start only once held, half a second later."""
+    limiter = _v1_limiter()
+    limiter.start_nursery(asyncio.get_running_loop())
+    held_at: list[float] = []
+    real_hold = StartWatch._hold
+
+    def slow_hold(watch: StartWatch, process: subprocess.Popen[bytes], pid: int) -> object:
+        time.sleep(0.5)
+        held_at.append(time.time())
+        return real_hold(watch, process, pid)
+
+    monkeypatch.setattr(StartWatch, "_hold", slow_hold)
+    settings = local_settings(Path(canonical_path(tmp_path)))
+    request = TurnRequest(
+        role="builder", argv=["python3", "-c", "import time; print(time.time())"], limits={}
+    )
+    try:
+        await _turn_with_worker(limiter, keep=False)
+        outcome, seen = await launch_planned(settings, request, limiter=limiter)
+    finally:
+        limiter.close()
+    assert outcome.exit_code == 0, seen
+    ran_at = float("".join(str(f.get("data", "")) for kind, f in seen if kind == "stdout"))
+    assert held_at and ran_at < held_at[0]
+
+
+async def test_without_a_gate_only_bubblewraps_own_child_is_held() -> None:
+    """Held after its command may have run, the sandbox's pid may be another process's by
+    then: a pidfd is kept only on a process that is still bubblewrap's child."""
+    loop = asyncio.get_running_loop()
+    parent = subprocess.Popen(  # stands for bubblewrap: one child, the sandbox
+        ["sh", "-c", "sleep 30 & echo $!; wait"], stdout=subprocess.PIPE
+    )
+    stranger = subprocess.Popen(["sleep", "30"])  # the pid's next owner, not its child
+    assert parent.stdout is not None
+    sandbox = int(parent.stdout.readline())
+    try:
+        for pid, ours in ((stranger.pid, False), (sandbox, True)):
+            status_read, status_write = os.pipe()
+            os.close(status_write)
+            watch = StartWatch(loop, Gate(status_read, -1, None))
+            held = watch._hold(parent, pid)
+            os.close(status_read)
+            if ours:
+                assert held.error is None and held.reaper is not None
+                os.close(held.reaper)
+            else:
+                assert isinstance(held.error, ProcessLookupError) and held.reaper is None
+    finally:
+        for process in (parent, stranger):
+            process.kill()
+            process.wait()
+        parent.stdout.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(sandbox, signal.SIGKILL)
 
 
 async def test_a_turn_started_without_a_worker_is_placed_in_its_cgroups(tmp_path: Path) -> None:

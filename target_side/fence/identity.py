@@ -195,8 +195,6 @@ class InProcess:
         loop = asyncio.get_running_loop()
         worker = limits.worker if limits is not None else None
         worker = worker or Worker(loop)
-        if limits is not None and worker is limits.worker:
-            limits.born_inside = True
         # The thread that starts bubblewrap opens its gate: it is there at once, the loop is not.
         watch = StartWatch(loop, gate) if gate is not None else None
         process = await worker.start(start, watch)

@@ -57,7 +57,8 @@ class LaunchFds:
 
     status: int
     block: int
-    """The read end bwrap waits on (``--block-fd``)."""
+    """The read end bwrap waits on (``--block-fd``); -1: no gate, the fence is born inside
+    its cgroups."""
     gate: int
     """The write end, also inherited: while the fence's first process holds it, it can never
     read end-of-file, so a server that dies before releasing it cannot set it running unlimited."""
@@ -72,7 +73,7 @@ class LaunchFds:
 
     def passed(self) -> tuple[int, ...]:
         own = (self.args, self.status, self.block, self.gate, self.script, self.seccomp)
-        return (*(fd for fd in own if fd is not None), *self.held.fds(), *self.extra)
+        return (*(fd for fd in own if fd is not None and fd >= 0), *self.held.fds(), *self.extra)
 
 
 def find_bwrap() -> str:
@@ -130,8 +131,7 @@ def bwrap_options(plan: FencePlan, fds: LaunchFds) -> list[str]:
         *_namespaces(plan),
         "--json-status-fd",
         str(fds.status),
-        "--block-fd",
-        str(fds.block),
+        *(["--block-fd", str(fds.block)] if fds.block >= 0 else []),
         *(["--seccomp", str(fds.seccomp)] if fds.seccomp is not None else []),
         *_environment(plan),
         *_base_mounts(plan),
@@ -329,7 +329,8 @@ async def launch_turn(
         if limits is None:
             limits = limiter.for_turn(plan.turn_id, plan.limits)
         status_read, status_write = _pipe(opened)
-        block_read, block_write = _pipe(opened)
+        # Born inside its cgroups, the fence waits for nothing: no gate (``fence.gate``).
+        block_read, block_write = (-1, -1) if limits.born_inside else _pipe(opened)
         gate = Gate(status_read, block_write, limits)
         script = memory_file("paddock-script", plan.script) if plan.script is not None else None
         seccomp = syscall_filter.filter_fd(network=plan.network)

@@ -312,8 +312,12 @@ class TurnLimits:
     dirs: dict[Path, Hierarchy] = field(default_factory=dict)
     worker: Worker | None = None
     """A thread of the server settled in these cgroups, to start the turn's first process."""
-    born_inside: bool = False
-    """The worker started it: it was in these cgroups from its first instruction."""
+
+    @property
+    def born_inside(self) -> bool:
+        """The worker starts the turn's first process: in these cgroups from its first
+        instruction, it has nothing to wait for before its command runs (``fence.gate``)."""
+        return self.worker is not None
 
     def create(self, hierarchy: Hierarchy) -> None:
         path = hierarchy.turn_parent / self.name

@@ -7,8 +7,9 @@ reaper) dies the kernel kills whatever the turn left running.
 
 bubblewrap holds the fence's first process at ``--block-fd`` until it is in
 the turn's limits (``fence.gate``), so no process of the command starts
-outside them: the thread that started bubblewrap opens that gate where there
-is one, else the runner does, on the event loop.
+outside them: the thread that started bubblewrap opens that gate where it
+started it, else the runner does, on the event loop. A fence born inside its
+limits has no gate, and is held once its command may already run.
 
 The process is a ``FenceProcess``: the server's own child, or one the
 privileged launcher started as the role (``fence.identity``); signals, kills and
