@@ -803,6 +803,13 @@ MUTATIONS += (
         ("tests/test_durability.py -k output_is_on_disk",),
     ),
     Mutation(
+        "log-writer-woken-at-once",
+        "target_side/service/log_writer.py",
+        "        if self._idle:\n            time.sleep(SETTLE_S)\n",
+        "",
+        ("tests/test_log_writer.py -k moment_that_woke_it",),
+    ),
+    Mutation(
         "ledger-appends-from-threads-not-grouped",
         "target_side/service/ledger.py",
         "                batch = self._take_queued()\n",

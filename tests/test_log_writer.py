@@ -12,7 +12,7 @@ from logging.handlers import QueueHandler
 import pytest
 from uvicorn.logging import AccessFormatter
 
-from target_side.service.log_writer import HELD_RECORDS, LogWriters, every_logger
+from target_side.service.log_writer import HELD_RECORDS, SETTLE_S, LogWriters, every_logger
 
 
 class ThreadNoting(logging.StreamHandler):  # type: ignore[type-arg]
@@ -147,3 +147,38 @@ def test_a_log_that_stops_reading_never_holds_up_the_logger_and_drops_are_told(
     assert written[-1] == "after"
     assert len(written) == HELD_RECORDS + 2
     assert f"{extra} log lines were dropped" in told.text
+
+
+class TimeNoting(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: list[tuple[float, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.written.append((time.monotonic(), record.getMessage()))
+
+
+def test_an_idle_writer_lets_the_moment_that_woke_it_pass_and_writes_what_came_with_it(
+    logger: logging.Logger,
+) -> None:
+    """Woken by a line, a writer would take the interpreter lock from the event loop just as
+    the loop goes on with what the line was about (a turn's end, on its way out)."""
+    handler = TimeNoting()
+    logger.addHandler(handler)
+    writers = LogWriters([logger])
+    try:
+        for burst in range(3):
+            logged = time.monotonic()
+            for number in range(5):
+                logger.info("burst %d line %d", burst, number)
+            deadline = logged + 5
+            while len(handler.written) < 5 * (burst + 1) and time.monotonic() < deadline:
+                time.sleep(0.001)
+            first = handler.written[5 * burst][0]
+            assert first - logged >= SETTLE_S
+            time.sleep(3 * SETTLE_S)  # idle again
+    finally:
+        writers.stop()
+    assert [m for _, m in handler.written] == [
+        f"burst {b} line {n}" for b in range(3) for n in range(5)
+    ]

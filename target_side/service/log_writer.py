@@ -17,6 +17,13 @@ not change on the way.
 A stalled reader stops one writer thread: up to ``HELD_RECORDS`` lines wait
 for it, and lines past that are dropped, counted, and said to have been (a
 warning from ``paddock.target``) once it reads again.
+
+A writer that was idle waits ``SETTLE_S`` after the line that woke it before
+it writes, and writes what came meanwhile with it. Woken at once, it took
+the interpreter lock from the event loop at the very moment the loop sent
+the turn's end that the line was about: traced over 200 sequential ``true``
+turns, from the end's first byte handed on to its last 0.27 and 0.6-0.7 ms
+with the line written at once, 0.20 and 0.50 ms with it written later.
 """
 
 from __future__ import annotations
@@ -25,12 +32,16 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 from collections.abc import Iterable
 from logging.handlers import QueueHandler, QueueListener
+from typing import cast
 
 HELD_RECORDS = 10_000
 """Lines waiting for one writer at most; more are dropped (and counted) rather than held."""
 STOP_WAIT_S = 5.0
+SETTLE_S = 0.01
+"""How long an idle writer lets the moment that woke it pass before it writes."""
 
 log = logging.getLogger("paddock.target")
 
@@ -67,6 +78,15 @@ class _Writer(QueueListener):
     def __init__(self, handoff: _Handoff, *handlers: logging.Handler) -> None:
         super().__init__(handoff.records, *handlers, respect_handler_level=True)
         self._handoff = handoff
+        self._idle = True
+
+    def dequeue(self, block: bool) -> logging.LogRecord:
+        record = self._handoff.records.get(block)
+        if self._idle:
+            time.sleep(SETTLE_S)
+        self._idle = self._handoff.records.empty()
+        # None is the sentinel ``enqueue_sentinel`` puts, which the base class stops at.
+        return cast(logging.LogRecord, record)
 
     def handle(self, record: logging.LogRecord) -> None:
         dropped = self._handoff.take_dropped()
