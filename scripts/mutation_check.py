@@ -803,6 +803,20 @@ MUTATIONS += (
         ("tests/test_durability.py -k output_is_on_disk",),
     ),
     Mutation(
+        "forbidden-quick-check-misses-what-lies-below-an-entry",
+        "target_side/policy/forbidden.py",
+        "        return any(above in self._paths for above in _ancestors(canonical))",
+        "        return False",
+        ("tests/test_walk_cache.py -k each_entry_asked_in_turn",),
+    ),
+    Mutation(
+        "forbidden-quick-check-misses-what-holds-an-entry",
+        "target_side/policy/forbidden.py",
+        " or canonical in self._above:",
+        ":",
+        ("tests/test_walk_cache.py -k each_entry_asked_in_turn",),
+    ),
+    Mutation(
         "log-writer-woken-at-once",
         "target_side/service/log_writer.py",
         "        if self._idle:\n            time.sleep(SETTLE_S)\n",

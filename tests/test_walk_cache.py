@@ -13,10 +13,11 @@ from conftest import local_settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.walk import WalkError, canonical_path
+from shared.walk import WalkError, canonical_path, is_within, mount_conflict
 from shared.wire import TurnRequest
 from target_side.errors import RefusedError
 from target_side.policy import walk_cache
+from target_side.policy.forbidden import ForbiddenEntry, ForbiddenList
 from target_side.policy.plan import plan_turn
 from target_side.policy.walk_cache import WalkCache
 
@@ -149,3 +150,29 @@ def test_a_credential_dir_replaced_by_a_link_between_two_turns_stays_forbidden(
     with pytest.raises(RefusedError) as refused:
         plan_turn(request, settings, "t-" + "2" * 32, environ=environ)
     assert refused.value.refusal.rule == "forbidden-path"
+
+
+_PARTS = st.sampled_from(["a", "b", "ab", "a.b"])
+_CANONICAL = st.lists(_PARTS, max_size=4).map(lambda parts: "/" + "/".join(parts))
+
+
+@given(
+    entries=st.lists(_CANONICAL, max_size=6),
+    own=st.lists(_CANONICAL, max_size=2),
+    mount=_CANONICAL,
+)
+def test_the_forbidden_list_answers_as_each_entry_asked_in_turn(
+    entries: list[str], own: list[str], mount: str
+) -> None:
+    """``collision`` first asks all entries at once whether any meets the mount; it must
+    find every collision, and the same first one, that asking each entry would."""
+    forbidden = ForbiddenList([ForbiddenEntry(p, f"entry {p}") for p in entries], tuple(own))
+    expected = None
+    if not any(is_within(mount, mine) for mine in own):
+        for entry in forbidden.entries:
+            conflict = mount_conflict(mount, entry.path)
+            if conflict is not None:
+                expected = (entry, conflict)
+                break
+    found = forbidden.collision(mount)
+    assert (None if found is None else (found.entry, found.conflict)) == expected

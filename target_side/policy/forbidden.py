@@ -79,16 +79,37 @@ class ForbiddenList:
     def __init__(self, entries: list[ForbiddenEntry], own: tuple[str, ...]) -> None:
         self.entries = tuple(entries)
         self.own = own
+        self._paths = frozenset(e.path for e in self.entries)
+        self._above = frozenset(a for path in self._paths for a in _ancestors(path))
 
     def collision(self, canonical: str) -> Collision | None:
         """The first forbidden entry that canonical path ``canonical`` would expose, if any."""
         if any(is_within(canonical, mine) for mine in self.own):
             return None
+        if not self._meets_any(canonical):
+            return None  # the usual answer, found without trying each entry
         for entry in self.entries:
             conflict = mount_conflict(canonical, entry.path)
             if conflict is not None:
                 return Collision(entry, conflict)
         return None
+
+
+    def _meets_any(self, canonical: str) -> bool:
+        """Whether ``canonical`` is an entry, lies below one, or holds one below it: the
+        question ``mount_conflict`` asks of each entry, asked of them all at once."""
+        if not canonical.startswith("/") or canonical in self._paths or canonical in self._above:
+            return True  # (a path that is not absolute is left to the entries one by one)
+        return any(above in self._paths for above in _ancestors(canonical))
+
+
+def _ancestors(path: str) -> list[str]:
+    """Every directory above canonical ``path``, up to ``/`` (none above ``/`` itself)."""
+    found = []
+    while path.startswith("/") and path != "/":
+        path = path.rsplit("/", 1)[0] or "/"
+        found.append(path)
+    return found
 
 
 def role_state_dir(settings: Settings, role: str) -> Path:
