@@ -94,7 +94,6 @@ class ForbiddenList:
                 return Collision(entry, conflict)
         return None
 
-
     def _meets_any(self, canonical: str) -> bool:
         """Whether ``canonical`` is an entry, lies below one, or holds one below it: the
         question ``mount_conflict`` asks of each entry, asked of them all at once."""
