@@ -1569,8 +1569,8 @@ MUTATIONS += (
     Mutation(
         "remembered-path-believed-unchecked",
         "target_side/policy/walk_cache.py",
-        "            if all(_seen(directory, looked) == seen for directory, seen in dirs):",
-        "            if True:",
+        "        if known is not None and _unchanged(known[1], looked):",
+        "        if known is not None:",
         ("tests/test_walk_cache.py -k swapped_in or stays_forbidden or always_answers",),
     ),
     Mutation(

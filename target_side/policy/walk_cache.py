@@ -25,13 +25,14 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any
 
 from shared.walk import canonical_path_and_dirs
 
 RACY_NS = 1_000_000_000
 """A directory changed more recently than this is not trusted to show a further change."""
 SIZE = 1024
-"""Paths remembered at most (the least recently used go first)."""
+"""Paths remembered at most (the longest known go first)."""
 
 Seen = tuple[int, int, int, int, int]
 """What identifies a directory's entries: device, inode, mode, mtime, ctime (ns)."""
@@ -52,29 +53,34 @@ class WalkCache:
         return lambda path: self._canonical(path, looked)
 
     def _canonical(self, path: str, looked: dict[str, Seen | None]) -> str:
-        with self._lock:
-            known = self._known.get(path)
-            if known is not None:
-                self._known.move_to_end(path)
-        if known is not None:
-            answer, dirs = known
-            if all(_seen(directory, looked) == seen for directory, seen in dirs):
-                return answer
+        # Read without the lock (one dict lookup is atomic), and written in place: a plan asks
+        # some forty paths, and this is the whole of the work when nothing changed.
+        known = self._known.get(path)
+        if known is not None and _unchanged(known[1], looked):
+            return known[0]
         answer, consulted = canonical_path_and_dirs(path)
         settled = _settled(consulted)
         if settled is not None:
             with self._lock:
+                self._known.pop(path, None)
                 self._known[path] = (answer, settled)
-                self._known.move_to_end(path)
                 while len(self._known) > self._size:
-                    self._known.popitem(last=False)
+                    self._known.popitem(last=False)  # the longest known: remembered again if asked
         return answer
 
 
-def _seen(directory: str, looked: dict[str, Seen | None]) -> Seen | None:
-    if directory not in looked:
-        looked[directory] = _look(directory)
-    return looked[directory]
+def _unchanged(dirs: tuple[tuple[str, Seen], ...], looked: dict[str, Seen | None]) -> bool:
+    """Whether every directory in ``dirs`` is as it was seen, each looked at once per plan."""
+    for directory, seen in dirs:
+        now = looked.get(directory, _UNLOOKED)
+        if now is _UNLOOKED:
+            now = looked[directory] = _look(directory)
+        if now != seen:
+            return False
+    return True
+
+
+_UNLOOKED: Any = object()
 
 
 def _look(directory: str) -> Seen | None:
