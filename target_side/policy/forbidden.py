@@ -11,6 +11,7 @@ sibling.
 
 from __future__ import annotations
 
+import functools
 import os
 import pwd
 from collections.abc import Callable, Mapping
@@ -79,8 +80,7 @@ class ForbiddenList:
     def __init__(self, entries: list[ForbiddenEntry], own: tuple[str, ...]) -> None:
         self.entries = tuple(entries)
         self.own = own
-        self._paths = frozenset(e.path for e in self.entries)
-        self._above = frozenset(a for path in self._paths for a in _ancestors(path))
+        self._paths, self._above = _paths_and_above(tuple(e.path for e in self.entries))
 
     def collision(self, canonical: str) -> Collision | None:
         """The first forbidden entry that canonical path ``canonical`` would expose, if any."""
@@ -100,6 +100,12 @@ class ForbiddenList:
         if not canonical.startswith("/") or canonical in self._paths or canonical in self._above:
             return True  # (a path that is not absolute is left to the entries one by one)
         return any(above in self._paths for above in _ancestors(canonical))
+
+
+@functools.lru_cache(maxsize=64)
+def _paths_and_above(paths: tuple[str, ...]) -> tuple[frozenset[str], frozenset[str]]:
+    """The entries' paths, and every directory above one (the same every turn of a role)."""
+    return frozenset(paths), frozenset(a for path in paths for a in _ancestors(path))
 
 
 def _ancestors(path: str) -> list[str]:
