@@ -728,23 +728,17 @@ MUTATIONS += (
         "audit-while-the-turn-still-runs",
         "target_side/service/turns.py",
         "        try:\n            outcome = await running.wait()\n",
-        "        early = asyncio.ensure_future(\n"
-        "            self.identity.audit(plan.role, (plan.uid, plan.gid), plan.audit, plan.turn_id)\n"
+        "        here = self.identity.audit_here(\n"
+        "            plan.role, (plan.uid, plan.gid), plan.audit, plan.turn_id\n"
         "        )\n"
+        "        early = await asyncio.to_thread(here) if here is not None else []\n"
         "        try:\n"
         "            outcome = await running.wait()\n",
         (
             "tests/test_host_edges.py::"
             "test_a_protected_name_made_in_a_turns_last_moment_is_moved_aside",
         ),
-        (
-            (
-                "            moved = await self.identity.audit(\n"
-                "                plan.role, (plan.uid, plan.gid), plan.audit, plan.turn_id\n"
-                "            )\n",
-                "            moved = await early\n",
-            ),
-        ),
+        (("        moved = _audited(audit, record.turn.turn_id)\n", "        moved = []\n"),),
     ),
     Mutation(
         "worker-takes-a-turns-pid",
@@ -890,10 +884,16 @@ MUTATIONS += (
     Mutation(
         "protected-names-audit-skipped",
         "target_side/service/turns.py",
-        "plan.role, (plan.uid, plan.gid), plan.audit, plan.turn_id",
-        "plan.role, (plan.uid, plan.gid), {}, plan.turn_id",
+        "fence.role, (fence.uid, fence.gid), fence.audit, fence.turn_id",
+        "fence.role, (fence.uid, fence.gid), {}, fence.turn_id",
         (
             f"{HOST_EDGES} -k redirection_created or hooks_missing or new_ones_at_the_top or symlink_repointed",
+        ),
+        also=(
+            (
+                "fence.role, (fence.uid, fence.gid), fence.audit, fence.turn_id",
+                "fence.role, (fence.uid, fence.gid), {}, fence.turn_id",
+            ),
         ),
     ),
     Mutation(
