@@ -48,6 +48,7 @@ from agent_side.errors import (
     map_transport_error,
     ssl_cause,
 )
+from agent_side.pool_transport import PoolTransport
 from agent_side.sse import ServerSentEvent, SSEDecoder
 from shared import __version__
 from shared.frames import MEDIA_TYPE as FRAMES_MEDIA_TYPE
@@ -174,9 +175,12 @@ class TargetClient:
         self._retry = retry or RetryPolicy()
         self._sleep = sleep
         self._accept = EVENTS_ACCEPT if frames else "text/event-stream"
+        if transport is None:
+            # Plain TCP, as httpx's own transport, but a request's head and body leave together.
+            tls = tls_context(cacert) if url.scheme == "https" else None
+            transport = PoolTransport(httpcore.SyncBackend(), ssl_context=tls)
         self._http = httpx.Client(
             base_url=self._base_url,
-            verify=tls_context(cacert) if url.scheme == "https" else False,
             transport=transport,
             timeout=timeout,
             # Proxy, netrc and CA variables would silently change where the token goes.

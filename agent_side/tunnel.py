@@ -1,24 +1,21 @@
 """HTTP over SSH channels: an httpx transport whose connections are ``direct-tcpip`` channels.
 
-    SshTransport(connection)            httpx.BaseTransport, for ``TargetClient(transport=...)``
+    SshTransport(connection)            a ``PoolTransport``, for ``TargetClient(transport=...)``
      └── httpcore.ConnectionPool(network_backend=SshNetworkBackend(connection))
           └── ChannelStream             one channel = one HTTP/1.1 connection
                └── TlsStream            when the listener speaks HTTPS (TLS inside the channel)
 
 Only public interfaces are used: httpcore's ``NetworkBackend``/``NetworkStream``
-and httpx's ``BaseTransport``. httpx's own ``HTTPTransport`` takes no network
-backend, so this module does what it does (build an ``httpcore.Request``, map
-httpcore's exceptions onto httpx's) around a pool that takes one. No port is
+and httpx's ``BaseTransport`` (``agent_side.pool_transport``). No port is
 opened on this machine: the SSH server connects to the listener itself.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import ssl
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import httpcore
@@ -26,6 +23,7 @@ import httpx
 import paramiko
 
 from agent_side.errors import AgentError
+from agent_side.pool_transport import PoolTransport
 from agent_side.ssh import SshConnection
 
 _T = TypeVar("_T")
@@ -39,24 +37,6 @@ full window, reading 64 KiB at a time spends more time moving than receiving.
 
 TLS_RECORD_BYTES = 16 * 1024 + 512
 """Largest TLS record on the wire (RFC 8446, 5.2): one read always makes progress."""
-
-_HTTPCORE_TO_HTTPX: tuple[tuple[type[Exception], type[httpx.HTTPError]], ...] = (
-    # Most specific first: the first match wins.
-    (httpcore.ConnectTimeout, httpx.ConnectTimeout),
-    (httpcore.ReadTimeout, httpx.ReadTimeout),
-    (httpcore.WriteTimeout, httpx.WriteTimeout),
-    (httpcore.PoolTimeout, httpx.PoolTimeout),
-    (httpcore.TimeoutException, httpx.TimeoutException),
-    (httpcore.ConnectError, httpx.ConnectError),
-    (httpcore.ReadError, httpx.ReadError),
-    (httpcore.WriteError, httpx.WriteError),
-    (httpcore.NetworkError, httpx.NetworkError),
-    (httpcore.ProxyError, httpx.ProxyError),
-    (httpcore.UnsupportedProtocol, httpx.UnsupportedProtocol),
-    (httpcore.LocalProtocolError, httpx.LocalProtocolError),
-    (httpcore.RemoteProtocolError, httpx.RemoteProtocolError),
-    (httpcore.ProtocolError, httpx.ProtocolError),
-)
 
 
 class ChannelStream(httpcore.NetworkStream):
@@ -235,7 +215,7 @@ class SshNetworkBackend(httpcore.NetworkBackend):
         time.sleep(seconds)
 
 
-class SshTransport(httpx.BaseTransport):
+class SshTransport(PoolTransport):
     """An httpx transport that sends every request through one ``SshConnection``.
 
     The pool keeps HTTP connections (channels) open for reuse like httpx's own
@@ -249,67 +229,8 @@ class SshTransport(httpx.BaseTransport):
         ssl_context: ssl.SSLContext | None = None,
         limits: httpx.Limits | None = None,
     ) -> None:
-        limits = limits or httpx.Limits(max_connections=20, max_keepalive_connections=5)
-        self.network_backend = SshNetworkBackend(connection)
-        """How this transport opens connections, for ``TargetClient``'s scheme probe."""
-        self._pool = httpcore.ConnectionPool(
+        super().__init__(
+            SshNetworkBackend(connection),
             ssl_context=ssl_context,
-            max_connections=limits.max_connections,
-            max_keepalive_connections=limits.max_keepalive_connections,
-            keepalive_expiry=limits.keepalive_expiry,
-            network_backend=self.network_backend,
+            limits=limits or httpx.Limits(max_connections=20, max_keepalive_connections=5),
         )
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        if not isinstance(request.stream, httpx.SyncByteStream):
-            raise TypeError("SshTransport serves httpx.Client, not httpx.AsyncClient")
-        core_request = httpcore.Request(
-            method=request.method,
-            url=httpcore.URL(
-                scheme=request.url.raw_scheme,
-                host=request.url.raw_host,
-                port=request.url.port,
-                target=request.url.raw_path,
-            ),
-            headers=request.headers.raw,
-            content=request.stream,
-            extensions=request.extensions,
-        )
-        with _mapped_httpcore_errors():
-            response = self._pool.handle_request(core_request)
-        if not isinstance(response.stream, Iterable):  # a sync pool answers with a sync stream
-            raise TypeError("httpcore answered a synchronous request with an async stream")
-        return httpx.Response(
-            status_code=response.status,
-            headers=response.headers,
-            stream=_ResponseStream(response.stream),
-            extensions=response.extensions,
-        )
-
-    def close(self) -> None:
-        self._pool.close()
-
-
-class _ResponseStream(httpx.SyncByteStream):
-    def __init__(self, stream: Iterable[bytes]) -> None:
-        self._stream = stream
-
-    def __iter__(self) -> Iterator[bytes]:
-        with _mapped_httpcore_errors():
-            yield from self._stream
-
-    def close(self) -> None:
-        close = getattr(self._stream, "close", None)
-        if close is not None:
-            close()
-
-
-@contextlib.contextmanager
-def _mapped_httpcore_errors() -> Iterator[None]:
-    try:
-        yield
-    except Exception as exc:
-        for core_type, httpx_type in _HTTPCORE_TO_HTTPX:
-            if isinstance(exc, core_type):
-                raise httpx_type(str(exc)) from exc
-        raise

@@ -811,6 +811,27 @@ MUTATIONS += (
         ("tests/test_walk_cache.py -k each_entry_asked_in_turn",),
     ),
     Mutation(
+        "request-writes-sent-one-by-one",
+        "agent_side/pool_transport.py",
+        "        if self._size >= HELD_BYTES:\n            self._send()",
+        "        self._send()",
+        ("tests/test_pool_transport.py -k head_and_body",),
+    ),
+    Mutation(
+        "request-writes-held-unbounded",
+        "agent_side/pool_transport.py",
+        "        if self._size >= HELD_BYTES:",
+        "        if False:",
+        ("tests/test_pool_transport.py -k bigger_than",),
+    ),
+    Mutation(
+        "held-request-write-failure-hides-the-answer",
+        "agent_side/pool_transport.py",
+        "            with contextlib.suppress(httpcore.WriteError):\n                self._send()",
+        "            self._send()",
+        ("tests/test_pool_transport.py -k would_not_take",),
+    ),
+    Mutation(
         "log-writer-woken-at-once",
         "target_side/service/log_writer.py",
         "        if self._idle:\n            time.sleep(SETTLE_S)\n",

@@ -1,0 +1,96 @@
+"""A request's writes leave together (agent_side.pool_transport): over a real TCP connection,
+through httpcore's own stream, counted where they reach it."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import httpcore
+import pytest
+
+from agent_side.pool_transport import HELD_BYTES, HeldWritesStream
+
+
+class Counted(httpcore.NetworkStream):
+    """A real stream, its writes counted (and the next ones refused, when told to)."""
+
+    def __init__(self, inner: httpcore.NetworkStream) -> None:
+        self.inner = inner
+        self.writes: list[bytes] = []
+        self.refuse = False
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        if self.refuse:
+            raise httpcore.WriteError("the peer stopped reading")
+        self.writes.append(buffer)
+        self.inner.write(buffer, timeout)
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self.inner.read(max_bytes, timeout)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def get_extra_info(self, info: str) -> Any:
+        return self.inner.get_extra_info(info)
+
+
+@pytest.fixture
+def connected() -> Iterator[tuple[Counted, socket.socket]]:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        stream = Counted(httpcore.SyncBackend().connect_tcp("127.0.0.1", port, timeout=5))
+        peer, _ = listener.accept()
+        with peer:
+            peer.settimeout(5)
+            yield stream, peer
+        stream.close()
+
+
+def _received(peer: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        data += peer.recv(size - len(data))
+    return data
+
+
+def test_a_requests_head_and_body_leave_in_one_write_when_its_answer_is_read(
+    connected: tuple[Counted, socket.socket],
+) -> None:
+    counted, peer = connected
+    stream = HeldWritesStream(counted)
+    stream.write(b"POST /v1/turns HTTP/1.1\r\nContent-Length: 2\r\n\r\n")
+    stream.write(b"{}")
+    assert counted.writes == []  # held: the request may not be whole yet
+    peer.sendall(b"answer")
+    assert stream.read(64, timeout=5) == b"answer"
+    assert counted.writes == [b"POST /v1/turns HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}"]
+    assert _received(peer, len(counted.writes[0])) == counted.writes[0]
+
+
+def test_a_body_bigger_than_what_is_held_goes_out_as_it_is_written(
+    connected: tuple[Counted, socket.socket],
+) -> None:
+    counted, peer = connected
+    stream = HeldWritesStream(counted)
+    stream.write(b"head\r\n\r\n")
+    block = b"x" * HELD_BYTES
+    stream.write(block)
+    assert counted.writes == [b"head\r\n\r\n" + block]  # before any read: never all held
+    assert _received(peer, len(counted.writes[0])) == counted.writes[0]
+
+
+def test_a_request_the_peer_would_not_take_still_lets_its_answer_be_read(
+    connected: tuple[Counted, socket.socket],
+) -> None:
+    """As httpcore does for a write that fails: the answer (a 413, say) is read all the same."""
+    counted, peer = connected
+    stream = HeldWritesStream(counted)
+    stream.write(b"PUT /v1/files HTTP/1.1\r\n\r\n")
+    counted.refuse = True
+    peer.sendall(b"HTTP/1.1 413 Request body too large\r\n")
+    assert stream.read(64, timeout=5).startswith(b"HTTP/1.1 413")
