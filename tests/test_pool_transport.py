@@ -38,17 +38,18 @@ class Counted(httpcore.NetworkStream):
 
 
 @pytest.fixture
-def connected() -> Iterator[tuple[Counted, socket.socket]]:
+def held() -> Iterator[tuple[HeldWritesStream, Counted, socket.socket]]:
+    """A held stream over a real connection, the stream under it, and the peer's end."""
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         port = listener.getsockname()[1]
-        stream = Counted(httpcore.SyncBackend().connect_tcp("127.0.0.1", port, timeout=5))
+        counted = Counted(httpcore.SyncBackend().connect_tcp("127.0.0.1", port, timeout=5))
         peer, _ = listener.accept()
         with peer:
             peer.settimeout(5)
-            yield stream, peer
-        stream.close()
+            yield HeldWritesStream(counted), counted, peer
+        counted.close()
 
 
 def _received(peer: socket.socket, size: int) -> bytes:
@@ -59,10 +60,9 @@ def _received(peer: socket.socket, size: int) -> bytes:
 
 
 def test_a_requests_head_and_body_leave_in_one_write_when_its_answer_is_read(
-    connected: tuple[Counted, socket.socket],
+    held: tuple[HeldWritesStream, Counted, socket.socket],
 ) -> None:
-    counted, peer = connected
-    stream = HeldWritesStream(counted)
+    stream, counted, peer = held
     stream.write(b"POST /v1/turns HTTP/1.1\r\nContent-Length: 2\r\n\r\n")
     stream.write(b"{}")
     assert counted.writes == []  # held: the request may not be whole yet
@@ -73,10 +73,9 @@ def test_a_requests_head_and_body_leave_in_one_write_when_its_answer_is_read(
 
 
 def test_a_body_bigger_than_what_is_held_goes_out_as_it_is_written(
-    connected: tuple[Counted, socket.socket],
+    held: tuple[HeldWritesStream, Counted, socket.socket],
 ) -> None:
-    counted, peer = connected
-    stream = HeldWritesStream(counted)
+    stream, counted, peer = held
     stream.write(b"head\r\n\r\n")
     block = b"x" * HELD_BYTES
     stream.write(block)
@@ -85,11 +84,10 @@ def test_a_body_bigger_than_what_is_held_goes_out_as_it_is_written(
 
 
 def test_a_request_the_peer_would_not_take_still_lets_its_answer_be_read(
-    connected: tuple[Counted, socket.socket],
+    held: tuple[HeldWritesStream, Counted, socket.socket],
 ) -> None:
     """As httpcore does for a write that fails: the answer (a 413, say) is read all the same."""
-    counted, peer = connected
-    stream = HeldWritesStream(counted)
+    stream, counted, peer = held
     stream.write(b"PUT /v1/files HTTP/1.1\r\n\r\n")
     counted.refuse = True
     peer.sendall(b"HTTP/1.1 413 Request body too large\r\n")
