@@ -27,6 +27,8 @@ from typing import Any
 import httpcore
 import httpx
 
+DEFAULT_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20)
+"""httpx's own client's: what a target reached directly had before this transport."""
 HELD_BYTES = 64 << 10
 """Held at most: a bigger body (an upload) goes out as it is written, block by block."""
 
@@ -133,14 +135,15 @@ class PoolTransport(httpx.BaseTransport):
         ssl_context: ssl.SSLContext | None = None,
         limits: httpx.Limits | None = None,
     ) -> None:
-        limits = limits or httpx.Limits()
+        self.limits = limits or DEFAULT_LIMITS
+        """How many connections the pool opens, and keeps open for reuse."""
         self.network_backend = network_backend
         """How this transport opens connections, for ``TargetClient``'s scheme probe."""
         self._pool = httpcore.ConnectionPool(
             ssl_context=ssl_context,
-            max_connections=limits.max_connections,
-            max_keepalive_connections=limits.max_keepalive_connections,
-            keepalive_expiry=limits.keepalive_expiry,
+            max_connections=self.limits.max_connections,
+            max_keepalive_connections=self.limits.max_keepalive_connections,
+            keepalive_expiry=self.limits.keepalive_expiry,
             network_backend=HeldWritesBackend(network_backend),
         )
 

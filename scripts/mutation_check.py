@@ -825,6 +825,13 @@ MUTATIONS += (
         ("tests/test_pool_transport.py -k bigger_than",),
     ),
     Mutation(
+        "direct-client-pool-unbounded",
+        "agent_side/pool_transport.py",
+        "        self.limits = limits or DEFAULT_LIMITS",
+        "        self.limits = limits or httpx.Limits()",
+        ("tests/test_pool_transport.py -k connection_limits",),
+    ),
+    Mutation(
         "held-request-write-failure-hides-the-answer",
         "agent_side/pool_transport.py",
         "            with contextlib.suppress(httpcore.WriteError):\n                self._send()",

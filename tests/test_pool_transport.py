@@ -10,7 +10,8 @@ from typing import Any
 import httpcore
 import pytest
 
-from agent_side.pool_transport import HELD_BYTES, HeldWritesStream
+from agent_side.client import TargetClient
+from agent_side.pool_transport import HELD_BYTES, HeldWritesStream, PoolTransport
 
 
 class Counted(httpcore.NetworkStream):
@@ -92,3 +93,15 @@ def test_a_request_the_peer_would_not_take_still_lets_its_answer_be_read(
     counted.refuse = True
     peer.sendall(b"HTTP/1.1 413 Request body too large\r\n")
     assert stream.read(64, timeout=5).startswith(b"HTTP/1.1 413")
+
+
+def test_a_target_reached_directly_keeps_httpxs_own_connection_limits() -> None:
+    """At most 100 connections, 20 kept for reuse, as httpx's own transport had: a pool
+    without a bound would open one per thread however many threads ask at once."""
+    with TargetClient("http://127.0.0.1:9", None) as client:
+        transport = client._http._transport
+        assert isinstance(transport, PoolTransport)
+        assert (transport.limits.max_connections, transport.limits.max_keepalive_connections) == (
+            100,
+            20,
+        )
