@@ -104,6 +104,9 @@ KILL_WAIT_S = 10.0
 LAUNCH_FAILED = "the target failed to launch this turn; the target's log says why"
 BLOCKING_THREADS = 64
 """Threads for the blocking steps of turns (mostly waiting on the kernel, not on Python)."""
+PLANNING_THREADS = 8
+"""Threads that make and plan new turns: a burst's turns go through a few at a time, first
+come first launched, rather than all at once on the blocking pool (``_planning``)."""
 
 
 @dataclass
@@ -196,6 +199,7 @@ class TurnManager:
         self._stopping = False
         self._watch: asyncio.Task[None] | None = None
         self._disk_news = asyncio.Event()
+        self._planning = ThreadPoolExecutor(PLANNING_THREADS, thread_name_prefix="paddock-plan")
         self.sessions = SessionManager(self)
 
     @property
@@ -362,8 +366,8 @@ class TurnManager:
         try:
             # Off the event loop: the spool is made, planning walks paths and searches
             # writable mounts, and the turn's cgroups are made.
-            planned = await asyncio.to_thread(
-                self._make_and_plan, record, request, no_lease, worker
+            planned = await asyncio.get_running_loop().run_in_executor(
+                self._planning, self._make_and_plan, record, request, no_lease, worker
             )
         except StorageError as exc:
             # The turn's spool could not be made: nothing was, and the disk says why.
@@ -993,6 +997,7 @@ class TurnManager:
         for record in self._turns.values():
             record.spool.close()
         await asyncio.to_thread(self.limiter.close)
+        self._planning.shutdown(wait=False)
         self._release_lock()
 
     def _release_lock(self) -> None:
