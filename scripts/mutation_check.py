@@ -825,6 +825,13 @@ MUTATIONS += (
         ("tests/test_pool_transport.py -k bigger_than",),
     ),
     Mutation(
+        "turns-planned-on-the-blocking-pool",
+        "target_side/service/turns.py",
+        "                self._planning, self._make_and_plan, record",
+        "                None, self._make_and_plan, record",
+        ("tests/test_planning.py",),
+    ),
+    Mutation(
         "direct-client-pool-unbounded",
         "agent_side/pool_transport.py",
         "        self.limits = limits or DEFAULT_LIMITS",
