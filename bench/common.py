@@ -380,3 +380,41 @@ def proc_status(pid: int) -> dict[str, str]:
 def kib_field(status: dict[str, str], name: str) -> int:
     """A ``kB`` field of ``/proc/PID/status`` (VmRSS, VmHWM), in KiB."""
     return int(status[name].split()[0])
+
+
+@dataclass(frozen=True)
+class CpuSnapshot:
+    """CPU time so far, in seconds: the machine's busy and all, a process's own and its reaped
+    children's (a target's fences: bubblewrap and what ran in it), and this process's."""
+
+    busy: float
+    total: float
+    own: float
+    children: float
+    here: float
+
+    @classmethod
+    def take(cls, pid: int) -> CpuSnapshot:
+        tick = os.sysconf("SC_CLK_TCK")
+        # /proc/stat's first line: user nice system idle iowait irq softirq steal ...
+        jiffies = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+        idle = jiffies[3] + jiffies[4]
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        times = os.times()
+        return cls(
+            busy=(sum(jiffies) - idle) / tick,
+            total=sum(jiffies) / tick,
+            own=(int(fields[11]) + int(fields[12])) / tick,
+            children=(int(fields[13]) + int(fields[14])) / tick,
+            here=times.user + times.system,
+        )
+
+    def until(self, later: CpuSnapshot) -> CpuSnapshot:
+        """What was spent between this snapshot and ``later``."""
+        return CpuSnapshot(
+            busy=later.busy - self.busy,
+            total=later.total - self.total,
+            own=later.own - self.own,
+            children=later.children - self.children,
+            here=later.here - self.here,
+        )

@@ -9,10 +9,17 @@ as every agent does (``drive``: one request, submission and stream, where the
 target answers so) to the exit event. The baselines start the same commands
 bare, all at once, in the same run: as processes, and in bubblewrap with the
 fence's flags.
+
+A second table says where the CPU went while the turns ran: how busy the
+machine was, and the CPU time of the target process, of its fences (bubblewrap
+and the commands, counted as the target reaps them) and of the agents (this
+process). A load whose machine is busy throughout is bound by the CPU time of
+all three, not by any one of them.
 """
 
 from __future__ import annotations
 
+import statistics
 import subprocess
 import threading
 import time
@@ -20,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agent_side.turns import drive
-from bench.common import Samples, ratio, render_table, with_failures
+from bench.common import CpuSnapshot, Samples, ratio, render_table, with_failures
 from bench.latency import BARE_BWRAP
 from bench.targets import ROLE, TargetInfo, target_process
 from shared.wire import ExitEvent, TurnRequest
@@ -44,14 +51,18 @@ def run(rounds: int) -> str:
     """Every load, ``rounds`` times over, bare and through a target process."""
     failures: list[str] = []
     rows: list[list[str]] = []
+    cpu_rows: list[list[str]] = []
     with target_process() as target:
         for count, argv in LOADS:
             load = Load(count, argv)
             bare = Samples(tuple(_bare(load.count, _usr_bin(load.argv)) for _ in range(rounds)))
             fenced = Samples(tuple(_bare(load.count, _in_bwrap(load.argv)) for _ in range(rounds)))
-            turns = Samples(tuple(_turns(target, load, failures) for _ in range(rounds)))
+            spent = [_turns(target, load, failures) for _ in range(rounds)]
+            turns = Samples(tuple(wall for wall, _ in spent))
             rows += _rows(load, bare, fenced, turns)
-    return with_failures(_table(rows, rounds), failures)
+            cpu_rows.append(_cpu_row(load, [cpu for _, cpu in spent]))
+    tables = f"{_table(rows, rounds)}\n\n{_cpu_table(cpu_rows, rounds)}"
+    return with_failures(tables, failures)
 
 
 def _usr_bin(argv: Sequence[str]) -> list[str]:
@@ -76,8 +87,9 @@ def _bare(count: int, argv: list[str]) -> float:
     return took
 
 
-def _turns(target: TargetInfo, load: Load, failures: list[str]) -> float:
-    """Seconds from ``load.count`` warmed agents submitting at once until the last turn ended."""
+def _turns(target: TargetInfo, load: Load, failures: list[str]) -> tuple[float, CpuSnapshot]:
+    """Seconds from ``load.count`` warmed agents submitting at once until the last turn ended,
+    and the CPU time spent meanwhile."""
     request = TurnRequest(role=ROLE, argv=list(load.argv))
     ready = threading.Barrier(load.count + 1)
     ended: list[str | None] = []
@@ -102,13 +114,15 @@ def _turns(target: TargetInfo, load: Load, failures: list[str]) -> float:
     threads = [threading.Thread(target=agent, daemon=True) for _ in range(load.count)]
     for thread in threads:
         thread.start()
+    before = CpuSnapshot.take(target.pid)
     ready.wait(START_TIMEOUT_S)
     started = time.perf_counter()
     for thread in threads:
         thread.join()
     took = time.perf_counter() - started
+    spent = before.until(CpuSnapshot.take(target.pid))
     failures.extend(outcome for outcome in ended if outcome is not None)
-    return took
+    return took, spent
 
 
 def _rows(load: Load, bare: Samples, fenced: Samples, turns: Samples) -> list[list[str]]:
@@ -127,6 +141,28 @@ def _rows(load: Load, bare: Samples, fenced: Samples, turns: Samples) -> list[li
             ("paddock turns", turns),
         )
     ]
+
+
+def _cpu_row(load: Load, spent: list[CpuSnapshot]) -> list[str]:
+    own = statistics.median(s.own for s in spent)
+    return [
+        load.label,
+        f"{100 * statistics.median(s.busy / s.total for s in spent if s.total):.0f}%",
+        f"{own:.2f}",
+        f"{statistics.median(s.children for s in spent):.2f}",
+        f"{statistics.median(s.here for s in spent):.2f}",
+        f"{1000 * own / load.count:.1f}",
+    ]
+
+
+def _cpu_table(rows: list[list[str]], rounds: int) -> str:
+    title = (
+        f"8b. Where the CPU went in those paddock rounds (p50 of {rounds}; seconds, from /proc,\n"
+        "   from the submissions to the last exit: the machine busy, of all its cores; the target\n"
+        "   process; its fences, bubblewrap and the commands, as reaped; the agents, this process)"
+    )
+    headers = ["load", "busy", "target s", "fences s", "agents s", "target ms/turn"]
+    return render_table(title, headers, rows)
 
 
 def _table(rows: list[list[str]], rounds: int) -> str:
