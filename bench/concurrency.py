@@ -114,9 +114,9 @@ def _turns(target: TargetInfo, load: Load, failures: list[str]) -> tuple[float, 
     threads = [threading.Thread(target=agent, daemon=True) for _ in range(load.count)]
     for thread in threads:
         thread.start()
-    before = CpuSnapshot.take(target.pid)
     ready.wait(START_TIMEOUT_S)
     started = time.perf_counter()
+    before = CpuSnapshot.take(target.pid)  # the agents connected, their clock running
     for thread in threads:
         thread.join()
     took = time.perf_counter() - started
