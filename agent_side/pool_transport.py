@@ -20,6 +20,7 @@ by then), up to ``HELD_BYTES``: alternated against the two writes, a turn of
 from __future__ import annotations
 
 import contextlib
+import select
 import ssl
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -59,6 +60,7 @@ class HeldWritesStream(httpcore.NetworkStream):
         self._held: list[bytes] = []
         self._size = 0
         self._timeout: float | None = None
+        self._records = _RecordsReady.of(inner.get_extra_info("socket"))
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
         if not buffer:
@@ -75,7 +77,17 @@ class HeldWritesStream(httpcore.NetworkStream):
             # answer, which a target that stopped reading may have sent (a 413), or the end.
             with contextlib.suppress(httpcore.WriteError):
                 self._send()
-        return self._inner.read(max_bytes, timeout)
+        data = self._inner.read(max_bytes, timeout)
+        if self._records is None or not data or len(data) >= max_bytes:
+            return data
+        parts, size = [data], len(data)
+        while size < max_bytes and self._records.ready():
+            more = self._inner.read(max_bytes - size, timeout)
+            if not more:
+                break
+            parts.append(more)
+            size += len(more)
+        return data if len(parts) == 1 else b"".join(parts)
 
     def close(self) -> None:
         self._held, self._size = [], 0
@@ -97,6 +109,22 @@ class HeldWritesStream(httpcore.NetworkStream):
         held, self._held, self._size = self._held, [], 0
         if held:
             self._inner.write(held[0] if len(held) == 1 else b"".join(held), self._timeout)
+
+
+class _RecordsReady:
+    """Whether a TLS socket can hand over another record without waiting for the network."""
+
+    def __init__(self, sock: ssl.SSLSocket) -> None:
+        self._sock = sock
+        self._poll = select.poll()
+        self._poll.register(sock.fileno(), select.POLLIN)
+
+    @classmethod
+    def of(cls, sock: object) -> _RecordsReady | None:
+        return cls(sock) if isinstance(sock, ssl.SSLSocket) else None
+
+    def ready(self) -> bool:
+        return self._sock.pending() > 0 or bool(self._poll.poll(0))
 
 
 class HeldWritesBackend(httpcore.NetworkBackend):

@@ -4,11 +4,14 @@ through httpcore's own stream, counted where they reach it."""
 from __future__ import annotations
 
 import socket
+import ssl
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import httpcore
 import pytest
+import trustme
 
 from agent_side.client import TargetClient
 from agent_side.pool_transport import HELD_BYTES, HeldWritesStream, PoolTransport
@@ -36,6 +39,14 @@ class Counted(httpcore.NetworkStream):
 
     def get_extra_info(self, info: str) -> Any:
         return self.inner.get_extra_info(info)
+
+    def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,
+    ) -> httpcore.NetworkStream:
+        return self.inner.start_tls(ssl_context, server_hostname, timeout)
 
 
 @pytest.fixture
@@ -93,6 +104,44 @@ def test_a_request_the_peer_would_not_take_still_lets_its_answer_be_read(
     counted.refuse = True
     peer.sendall(b"HTTP/1.1 413 Request body too large\r\n")
     assert stream.read(64, timeout=5).startswith(b"HTTP/1.1 413")
+
+
+@pytest.fixture
+def tls(held: tuple[HeldWritesStream, Counted, socket.socket]) -> Iterator[tuple[Any, Any]]:
+    """The held stream after a real TLS handshake (a trustme CA), and the peer's TLS end."""
+    stream, _, peer = held
+    ca = trustme.CA()
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server)
+    client = ssl.create_default_context()
+    ca.configure_trust(client)
+    ends: list[ssl.SSLSocket] = []
+    handshake = threading.Thread(target=lambda: ends.append(server.wrap_socket(peer, True)))
+    handshake.start()
+    secure = stream.start_tls(client, "127.0.0.1", timeout=5)
+    handshake.join()
+    with ends[0]:
+        yield secure, ends[0]
+    secure.close()
+
+
+def test_records_already_here_are_read_together(tls: tuple[Any, ssl.SSLSocket]) -> None:
+    """A TLS socket hands over one record a read: an output stream of a hundred MiB was
+    12,800 trips through httpcore and h11. Records already here come in one read."""
+    stream, peer = tls
+    for n in range(5):
+        peer.sendall(bytes([n]) * 1000)  # a record each
+    wanted = b"".join(bytes([n]) * 1000 for n in range(5))
+    assert stream.read(65536, timeout=5) == wanted
+
+
+def test_a_read_never_waits_for_records_not_sent(tls: tuple[Any, ssl.SSLSocket]) -> None:
+    stream, peer = tls
+    peer.sendall(b"x" * 1000)
+    assert stream.read(65536, timeout=5) == b"x" * 1000  # at once: no ReadTimeout
+    peer.sendall(b"y" * 3000)
+    assert stream.read(2000, timeout=5) == b"y" * 2000  # never more than asked
+    assert stream.read(2000, timeout=5) == b"y" * 1000
 
 
 def test_a_target_reached_directly_keeps_httpxs_own_connection_limits() -> None:
