@@ -85,30 +85,56 @@ def header_of(data: bytes | bytearray | memoryview, offset: int = 0) -> tuple[in
 
 
 class FrameDecoder:
-    """Splits a byte stream, in whatever chunks it arrives, into frames (heartbeats dropped)."""
+    """Splits a byte stream, in whatever chunks it arrives, into frames (heartbeats dropped).
+
+    A payload is copied once, from the chunks it came in to the frame's bytes:
+    output frames run to a mebibyte and arrive in pieces of a few TLS records,
+    and a buffer grown piece by piece would copy each one again as it grew.
+    """
 
     def __init__(self) -> None:
-        self._buffer = bytearray()
+        self._head = bytearray()
+        """A header's first bytes, while fewer than ``HEADER.size`` came."""
+        self._frame: tuple[int, int, int, int] | None = None
+        """The header whose payload is still coming: (code, length, seq, at_us)."""
+        self._parts: list[memoryview] = []
+        self._got = 0
 
     def feed(self, chunk: bytes) -> list[Frame]:
-        buffer = self._buffer
-        buffer += chunk
         frames: list[Frame] = []
-        position = 0
-        size = len(buffer)
-        while size - position >= HEADER.size:
-            code, length, seq, at_us = header_of(buffer, position)
-            end = position + HEADER.size + length
-            if end > size:
+        view = memoryview(chunk)
+        position, size = 0, len(view)
+        while position < size:
+            if self._frame is None:
+                position = self._take_header(view, position)
+                if self._frame is None:
+                    break
+            code, length, seq, at_us = self._frame
+            take = min(length - self._got, size - position)
+            self._parts.append(view[position : position + take])
+            self._got += take
+            position += take
+            if self._got < length:
                 break
+            payload = b"".join(self._parts)
+            self._frame, self._parts, self._got = None, [], 0
             if code != HEARTBEAT:
-                payload = bytes(buffer[position + HEADER.size : end])
                 frames.append(Frame(KINDS[code], seq, at_us, payload))
-            position = end
-        del buffer[:position]
         return frames
+
+    def _take_header(self, view: memoryview, position: int) -> int:
+        """Read a header from ``view`` at ``position`` (or finish one begun); where it ends."""
+        if not self._head and len(view) - position >= HEADER.size:
+            self._frame = header_of(view, position)
+            return position + HEADER.size
+        take = min(HEADER.size - len(self._head), len(view) - position)
+        self._head += view[position : position + take]
+        if len(self._head) == HEADER.size:
+            self._frame = header_of(self._head)
+            self._head.clear()
+        return position + take
 
     @property
     def pending(self) -> int:
         """Bytes of a frame not yet whole: more than none at the end of a stream is a torn frame."""
-        return len(self._buffer)
+        return len(self._head) + (HEADER.size + self._got if self._frame is not None else 0)

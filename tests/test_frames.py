@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import os
 from datetime import UTC, datetime
@@ -11,6 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import BUILDER_TOKEN, Target, submit, wait_until
+from hypothesis import given
+from hypothesis import strategies as st
 from process_support import TargetProcess, write_config
 
 from agent_side.client import TargetClient
@@ -58,6 +61,44 @@ def test_frame_decoder_gives_the_same_frames_however_the_stream_is_split() -> No
         decoder = frames.FrameDecoder()
         split = [f for i in range(0, len(stream), size) for f in decoder.feed(stream[i : i + size])]
         assert split == whole and decoder.pending == 0
+
+
+_FRAME = st.tuples(
+    st.sampled_from(["heartbeat", *frames.KIND_CODES]),
+    st.integers(1, 2**40),
+    st.integers(-(2**62), 2**62),
+    st.binary(max_size=3000),
+)
+
+
+@given(st.lists(_FRAME, max_size=8), st.lists(st.integers(0, 30000), max_size=12), st.data())
+def test_frame_decoder_splits_any_stream_at_any_points_alike(
+    sent: list[tuple[str, int, int, bytes]], cuts: list[int], data: st.DataObject
+) -> None:
+    encoded = [
+        frames.heartbeat()
+        if kind == "heartbeat"
+        else frames.encode_header(kind, seq, at_us, len(payload)) + payload
+        for kind, seq, at_us, payload in sent
+    ]
+    stream = b"".join(encoded)
+    bounds = sorted({0, len(stream), *(cut % (len(stream) + 1) for cut in cuts)})
+    decoder = frames.FrameDecoder()
+    got = [f for a, b in itertools.pairwise(bounds) for f in decoder.feed(stream[a:b])]
+    assert [(f.kind, f.seq, f.at_us, f.payload) for f in got] == [
+        frame for frame in sent if frame[0] != "heartbeat"
+    ]
+    assert all(type(f.payload) is bytes for f in got)
+    assert decoder.pending == 0
+    # Cut short: the frames wholly before the cut, and the rest pending (a torn frame).
+    cut = data.draw(st.integers(0, len(stream)))
+    short = frames.FrameDecoder()
+    before = short.feed(stream[:cut])
+    ends = list(itertools.accumulate(len(frame) for frame in encoded))
+    whole = [end for end in ends if end <= cut]
+    assert short.pending == cut - (whole[-1] if whole else 0)
+    kept_ends = [end for end, frame in zip(ends, sent, strict=True) if frame[0] != "heartbeat"]
+    assert before == [f for f, end in zip(got, kept_ends, strict=True) if end <= cut]
 
 
 def test_frame_decoder_refuses_what_is_not_a_frame() -> None:
