@@ -28,7 +28,7 @@ from bench.common import (
     turn_end,
     warm_mux,
 )
-from bench.sshd import LocalSsh, local_sshd, ssh_missing
+from bench.sshd import LocalSsh, control_master, local_sshd, ssh_missing
 from bench.targets import ROLE, TargetInfo, target_process
 from shared.wire import ExitEvent, OutputEvent, TurnRequest
 
@@ -38,6 +38,9 @@ NOT_UTF8_LINE = "".join(f"\\{byte:03o}" for byte in range(0x80, 0x100))
 """Bytes 0x80..0xFF as printf escapes: no run of them is UTF-8, and ``yes`` repeats them as
 cheaply as the text line (``/dev/urandom`` costs the kernel more than the stream itself)."""
 
+BEST_OF = 3
+"""Runs of each headline row (pipe, ssh, paddock's client rows but urandom): the best counts."""
+
 RANDOM_DIVISOR = 4
 """The CLI and SSH-window rows move N / RANDOM_DIVISOR bytes (they are many, and slower)."""
 WINDOWS = tuple(sorted({2 * MIB, WINDOW_SIZE, 16 * MIB}))
@@ -45,6 +48,7 @@ WINDOWS = tuple(sorted({2 * MIB, WINDOW_SIZE, 16 * MIB}))
 
 
 SSH_ROW = "ssh 127.0.0.1 head /dev/zero"
+WARM_SSH_ROW = "ssh via ControlMaster: yes | head"
 
 
 @dataclass
@@ -63,13 +67,13 @@ def run(size: int, label: str = "") -> str:
     """Measure every row and return the section's table; ``label`` names the size in the title."""
     zero = ["head", "-c", str(size), "/dev/zero"]
     urandom = ["head", "-c", str(size), "/dev/urandom"]
-    pipe = _best(3, lambda: _read_all(zero, size))
+    pipe = _best(BEST_OF, lambda: _read_all(zero, size))
     rows = [
         Row("pipe: head /dev/zero, read by python", size, pipe),
         Row(
             "pipe: head /dev/urandom, read by python",
             size,
-            _best(3, lambda: _read_all(urandom, size)),
+            _best(BEST_OF, lambda: _read_all(urandom, size)),
             "the kernel's random generator alone: the urandom row's ceiling",
         ),
     ]
@@ -82,25 +86,24 @@ def run(size: int, label: str = "") -> str:
 def _paddock_rows(target: TargetInfo, size: int) -> list[Row]:
     rnd = size // RANDOM_DIVISOR
     printable = f"yes {PRINTABLE_LINE} | head -c {size}"
+    not_utf8 = f"yes \"$(printf '{NOT_UTF8_LINE}')\" | head -c {size}"
     return [
         Row(
             "paddock client: head /dev/zero",
             size,
-            _turn(target, ["head", "-c", str(size), "/dev/zero"], size),
+            _best(BEST_OF, lambda: _turn(target, ["head", "-c", str(size), "/dev/zero"], size)),
             "NUL bytes: frames carry them as they are",
         ),
         Row(
             "paddock client: yes | head (text)",
             size,
-            _turn(target, ["sh", "-c", printable], size),
+            _best(BEST_OF, lambda: _turn(target, ["sh", "-c", printable], size)),
             "printable UTF-8, HTTPS",
         ),
         Row(
             "paddock client: yes 0x80..0xFF | head",
             size,
-            _turn(
-                target, ["sh", "-c", f"yes \"$(printf '{NOT_UTF8_LINE}')\" | head -c {size}"], size
-            ),
+            _best(BEST_OF, lambda: _turn(target, ["sh", "-c", not_utf8], size)),
             "not UTF-8, made as cheaply as the text: frames carry the bytes as they are",
         ),
         Row(
@@ -130,9 +133,13 @@ def _ssh_rows(target: TargetInfo, size: int) -> list[Row]:
         return [Row("ssh", size, None, f"ssh: skipped ({missing})")]
     quarter = size // RANDOM_DIVISOR
     text = ["sh", "-c", f"yes {PRINTABLE_LINE} | head -c {quarter}"]
+    zero = ["head", "-c", str(size), "/dev/zero"]
+    printable = ["sh", "-c", f"yes {PRINTABLE_LINE} | head -c {size}"]
     with local_sshd() as ssh, target_process(tls=False) as plain:
-        argv = ssh.argv(["head", "-c", str(size), "/dev/zero"])
-        plain_ssh = _read_all(argv, size)
+        plain_ssh = _best(BEST_OF, lambda: _read_all(ssh.argv(zero), size))
+        with control_master(ssh):
+            warm_zero = _best(BEST_OF, lambda: _read_all(ssh.argv(zero, shared=True), size))
+            warm_text = _best(BEST_OF, lambda: _read_all(ssh.argv(printable, shared=True), size))
         through_plain = _tunnel_turn(plain, ssh, size)
         through_tls = _tunnel_turn(target, ssh, size)
         via = ssh.paddock_options(target.url)
@@ -149,6 +156,13 @@ def _ssh_rows(target: TargetInfo, size: int) -> list[Row]:
         ]
     return [
         Row(SSH_ROW, size, plain_ssh, "new connection; OpenSSH's own rate"),
+        Row(
+            "ssh via ControlMaster: head /dev/zero",
+            size,
+            warm_zero,
+            "a kept connection, as the paddock client rows' (connected before the clock)",
+        ),
+        Row(WARM_SSH_ROW, size, warm_text, "the text row's bytes, made the same way"),
         Row(
             "Target.ssh tunnel: yes | head, plain",
             size,
@@ -274,10 +288,11 @@ def _best(times: int, measure: Callable[[], float]) -> float:
 def _table(rows: list[Row], size: int, label: str) -> str:
     base = rows[0].rate
     ssh = next((row.rate for row in rows if row.name == SSH_ROW), None)
+    warm = next((row.rate for row in rows if row.name == WARM_SSH_ROW), None)
     out = []
     for row in rows:
         if row.rate is None:
-            out.append([row.note, "", "", "", "", "", ""])
+            out.append([row.note, "", "", "", "", "", "", ""])
             continue
         out.append(
             [
@@ -287,12 +302,15 @@ def _table(rows: list[Row], size: int, label: str) -> str:
                 f"{row.rate:.1f}",
                 ratio(row.rate, base),
                 ratio(row.rate, ssh),
+                ratio(row.rate, warm),
                 row.note,
             ]
         )
     title = (
-        f"2. Stream throughput (N = {size / MIB:g} MiB{label}; 'x pipe', 'x ssh' = row MiB/s\n"
-        "   over the pipe's, over ssh's; pipe: best of 3 runs, others one run; paddock\n"
-        "   rows: submit to exit event, against separate target processes)"
+        f"2. Stream throughput (N = {size / MIB:g} MiB{label}; 'x pipe', 'x ssh', 'x warm' =\n"
+        "   row MiB/s over the pipe's, over ssh's on a new connection, over ssh's text on a\n"
+        f"   kept one; pipe, ssh and the paddock client rows but urandom: best of {BEST_OF} runs,\n"
+        "   others one run; paddock rows: submit to exit event, against separate target processes)"
     )
-    return render_table(title, ["row", "MiB", "s", "MiB/s", "x pipe", "x ssh", "note"], out)
+    headers = ["row", "MiB", "s", "MiB/s", "x pipe", "x ssh", "x warm", "note"]
+    return render_table(title, headers, out)
