@@ -1341,8 +1341,8 @@ MUTATIONS += (
     Mutation(
         "request-clock-stops-for-every-body",
         "target_side/service/connections.py",
-        "            streaming = self.conn.their_state is h11.SEND_BODY and bool(",
-        "            streaming = self.conn.their_state is h11.SEND_BODY or bool(",
+        "            streaming = self._in_body and bool(",
+        "            streaming = self._in_body or bool(",
         ("tests/test_files.py::test_a_turn_body_not_finished_in_time_is_still_closed",),
     ),
     Mutation(
@@ -1433,6 +1433,20 @@ MUTATIONS += (
         "            record.lease",
         ("tests/test_leases.py -k refuses_a_session_without_one",),
         also=(("            leases.admit(request.role, request.lease)\n", ""),),
+    ),
+    Mutation(
+        "request-clock-left-stopped-after-a-response",
+        "target_side/service/connections.py",
+        "            self._answered += 1",
+        "            pass",
+        ("tests/test_connections.py -k kept_alive",),
+    ),
+    Mutation(
+        "request-clock-runs-while-a-response-is-sent",
+        "target_side/service/connections.py",
+        "            waiting = self._whole > self._answered",
+        "            waiting = False",
+        ("tests/test_connections.py -k stream_longer",),
     ),
     Mutation(
         "late-close-report-drops-successor",

