@@ -1449,6 +1449,20 @@ MUTATIONS += (
         ("tests/test_connections.py -k stream_longer",),
     ),
     Mutation(
+        "request-head-unbounded",
+        "target_side/service/connections.py",
+        "                if not self._in_body and self._head_bytes >= MAX_HEAD_BYTES:",
+        "                if False:",
+        ("tests/test_connections.py -k head_past",),
+    ),
+    Mutation(
+        "request-head-fed-a-read-at-a-time",
+        "target_side/service/connections.py",
+        "                    end = min(end, start + MAX_HEAD_BYTES - self._head_bytes)",
+        "                    pass",
+        ("tests/test_connections.py -k head_past",),
+    ),
+    Mutation(
         "late-close-report-drops-successor",
         "target_side/service/connections.py",
         "        if self._open.get(entry.fd) is entry:\n            del self._open[entry.fd]",

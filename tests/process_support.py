@@ -130,6 +130,13 @@ class TargetProcess:
     def fds(self) -> int:
         return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
 
+    def rss_kib(self) -> int:
+        """The process's resident memory (``VmRSS``), KiB."""
+        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        return int(
+            next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1]
+        )
+
 
 @contextlib.contextmanager
 def target_process(config: Path, url: str, log: Path) -> Iterator[TargetProcess]:

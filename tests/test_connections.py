@@ -18,7 +18,7 @@ from conftest import BUILDER_TOKEN, events, local_settings, make_settings, outpu
 from process_support import TargetProcess, target_process, write_config
 
 from shared.walk import canonical_path
-from target_side.service.connections import ConnectionGuard
+from target_side.service.connections import MAX_HEAD_BYTES, ConnectionGuard
 from target_side.service.server import ServerThread, listen, uvicorn_config
 
 FLOOD = 2000
@@ -102,6 +102,49 @@ def test_a_kept_alive_connection_then_sending_half_a_request_is_closed(tmp_path:
         assert sock.recv(4096).startswith(b"HTTP/1.1 200")
         sock.sendall(PARTIAL_HEAD)
         assert _closed_by_peer(sock, timeout=15)
+
+
+def test_a_request_head_past_its_limit_is_refused_before_it_is_kept(tmp_path: Path) -> None:
+    """However long a head grows, the server holds at most ``MAX_HEAD_BYTES`` of it: a
+    header of megabytes, or thousands of headers, are refused with 431 and the limit."""
+    root = Path(canonical_path(tmp_path))
+    config, url = write_config(root)
+    port = int(url.rsplit(":", 1)[1])
+    start = b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    fits = start + b"X-Pad: " + b"a" * (MAX_HEAD_BYTES - len(start) - 20) + b"\r\n\r\n"
+    heads = [
+        start + b"X-Big: " + b"a" * (4 << 20) + b"\r\n\r\n",
+        start + b"X-Big: " + b"a" * (6 * MAX_HEAD_BYTES) + b"\r\n\r\n",  # whole in a read
+        start + b"X-A: b\r\n" * 100_000 + b"\r\n",
+    ]
+    with target_process(config, url, root / "target.log") as target:
+        before = target.rss_kib()
+        for head in heads:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                with contextlib.suppress(OSError):  # closed while still sending
+                    sock.sendall(head)
+                answer = _answer(sock)
+            assert answer.startswith(b"HTTP/1.1 431 "), answer[:100]
+            assert f"longer than {MAX_HEAD_BYTES} bytes".encode() in answer
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(fits)
+            assert _answer(sock).startswith(b"HTTP/1.1 200 ")
+        assert target.rss_kib() - before < 4096
+
+
+def _answer(sock: socket.socket) -> bytes:
+    """What the peer sent until it closed (or 5 s passed), a reset after its answer ignored."""
+    sock.settimeout(5)
+    got = b""
+    with contextlib.suppress(OSError):
+        while chunk := sock.recv(65536):
+            got += chunk
+            if b"\r\n\r\n" in got and b"content-length" in got.lower():
+                head, _, body = got.partition(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                if len(body) >= length:
+                    break
+    return got
 
 
 def test_a_tls_connection_that_never_says_hello_is_closed(tmp_path: Path, ca: trustme.CA) -> None:

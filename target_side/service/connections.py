@@ -47,6 +47,9 @@ WRITE_BUFFER_BYTES = 4 << 20
 STREAMING = "paddock.streaming_body"
 """The key a route sets (true) in its request's scope while it streams the body in itself."""
 
+MAX_HEAD_BYTES = 16 << 10
+"""A request's line and headers, at most: a head still incomplete past this is refused (431)."""
+
 FD_RESERVE = 256
 """Descriptors kept for everything but client connections: turns' pipes, spools, the ledger."""
 
@@ -207,6 +210,8 @@ def guarded_http(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
         """Responses done on this connection."""
         _in_body = False
         """A request's head is in and its body still coming."""
+        _head_bytes = 0
+        """Bytes read since the last head ended: the next head, or what came before it."""
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(CorkedTransport(transport, asyncio.get_running_loop()))
@@ -222,12 +227,25 @@ def guarded_http(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
-            super().data_received(data)
+            # The parser keeps a head whole until it ends, however long: heads are fed at
+            # most MAX_HEAD_BYTES at a time, and one not ended by then is refused.
+            start = 0
+            while start < len(data) and not self.transport.is_closing():
+                end = len(data)
+                if not self._in_body:
+                    end = min(end, start + MAX_HEAD_BYTES - self._head_bytes)
+                    self._head_bytes += end - start
+                super().data_received(data[start:end] if (start, end) != (0, len(data)) else data)
+                start = end
+                if not self._in_body and self._head_bytes >= MAX_HEAD_BYTES:
+                    self._refuse_head()
+                    return
             self._report()
 
         def on_headers_complete(self) -> None:
             super().on_headers_complete()
             self._in_body = True
+            self._head_bytes = 0
 
         def on_message_complete(self) -> None:
             super().on_message_complete()
@@ -239,6 +257,13 @@ def guarded_http(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
             super().on_response_complete()
             self._report()
 
+        def _refuse_head(self) -> None:
+            if self.cycle is None or self.cycle.response_complete:
+                said = f"the request's line and headers are longer than {MAX_HEAD_BYTES} bytes"
+                self.transport.write(_plain_answer(431, "Request Header Fields Too Large", said))
+            # Else a response is on its way, and a second one cannot be written across it.
+            self.transport.close()
+
         def _report(self) -> None:
             # A request read whole and not yet answered: busy. One still arriving (head
             # or body) keeps the clock running, unless its route streams the body itself.
@@ -248,3 +273,13 @@ def guarded_http(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
                 guard.request_state(self._entry, waiting or streaming)
 
     return GuardedHttpProtocol
+
+
+def _plain_answer(status: int, reason: str, said: str) -> bytes:
+    """A whole HTTP/1.1 answer, closing the connection, with ``said`` as its text."""
+    body = f"{said}\n".encode()
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain; charset=utf-8\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode() + body
