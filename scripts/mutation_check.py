@@ -1463,6 +1463,27 @@ MUTATIONS += (
         ("tests/test_connections.py -k head_past",),
     ),
     Mutation(
+        "event-stream-cut-after-its-end",
+        "target_side/service/event_stream.py",
+        "            if not ended:",
+        "            if True:",
+        ("tests/test_event_stream.py",),
+    ),
+    Mutation(
+        "event-stream-client-leaving-left-pending",
+        "target_side/service/event_stream.py",
+        "            if not left or streamer.uncancel() > 0:",
+        "            if not left:",
+        ("tests/test_event_stream.py",),
+    ),
+    Mutation(
+        "event-stream-client-leaving-fails-the-request",
+        "target_side/service/event_stream.py",
+        "            if not left or streamer.uncancel() > 0:",
+        "            if True:",
+        ("tests/test_event_stream.py",),
+    ),
+    Mutation(
         "late-close-report-drops-successor",
         "target_side/service/connections.py",
         "        if self._open.get(entry.fd) is entry:\n            del self._open[entry.fd]",

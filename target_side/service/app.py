@@ -67,6 +67,7 @@ from target_side.policy.plan import host_ids
 from target_side.service import files
 from target_side.service.auth import TokenRoles, require_role
 from target_side.service.body_limit import BodyLimit
+from target_side.service.event_stream import EventStreamResponse
 from target_side.service.health import HealthBoard
 from target_side.service.lease_routes import install_lease_routes
 from target_side.service.openapi import (
@@ -224,7 +225,7 @@ def create_app(
             response.headers["Location"] = location
             return turn
         stream = _frames(manager.get(turn.turn_id, roles), 0, None, settings.server.heartbeat_s)
-        return StreamingResponse(
+        return EventStreamResponse(
             stream,
             status_code=201,
             media_type=FRAMES_MEDIA_TYPE,
@@ -269,7 +270,7 @@ def create_app(
             stream, media_type = _frames(record, start, wait, heartbeat), FRAMES_MEDIA_TYPE
         else:
             stream, media_type = _sse(record, start, wait, heartbeat), "text/event-stream"
-        return StreamingResponse(
+        return EventStreamResponse(
             stream,
             media_type=media_type,
             headers=STREAM_HEADERS,
