@@ -39,7 +39,7 @@ from scripted_server import (
     turn_json,
 )
 
-from agent_side.client import TargetClient
+from agent_side.client import URLS_KEPT, TargetClient
 from agent_side.errors import (
     AuthRejected,
     ConnectionDropped,
@@ -81,6 +81,20 @@ def test_client_refuses_use_after_close(scripted: Scripted) -> None:
         client.health()
     with pytest.raises(RuntimeError, match="closed"), client:
         pass
+
+
+@pytest.mark.parametrize("base", ["http://127.0.0.1:9", "http://127.0.0.1:9/under/a/prefix/"])
+def test_the_client_asks_for_the_urls_httpx_would_have_made(base: str) -> None:
+    """Paths are parsed once and kept: each must be the URL httpx's own merge gives."""
+    paths = ["/v1/turns", "/v1/health", "/v1/turns/t-1/events", "/v1/files", "/v1/a%20b/ü"]
+    with TargetClient(base, None) as client:
+        for _ in range(2):  # made, then kept
+            for path in paths:
+                merged = client._http.build_request("GET", path).url
+                assert client._absolute(path) == merged, path
+        for n in range(URLS_KEPT + 10):  # a turn's own paths come and go; the cache stays small
+            client._absolute(f"/v1/turns/t-{n}")
+        assert len(client._urls) == URLS_KEPT
 
 
 def test_client_refuses_a_turn_id_that_would_steer_the_path() -> None:
