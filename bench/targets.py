@@ -183,15 +183,22 @@ def embedded_target() -> Iterator[TargetInfo]:
             )
 
 
+SERVER_MODULE = "target_side.tools.cli"
+
+
 @contextlib.contextmanager
-def target_process(tls: bool = True) -> Iterator[TargetInfo]:
+def target_process(
+    tls: bool = True, module: str = SERVER_MODULE, env: dict[str, str] | None = None
+) -> Iterator[TargetInfo]:
     """A target as its own process, from a TOML config, stopped (SIGTERM) on leaving.
 
     ``tls=False``: plain HTTP on 127.0.0.1, the listener a target behind SSH has.
+    ``module``: what ``python -m`` runs (a probe around the server, for ``bench/stages.py``),
+    with ``env`` added to its environment.
     """
     with temp_dir("paddock-bench-") as path:
         root = _prepare(path)
-        proc, info = _start_serving(root, tls)
+        proc, info = _start_serving(root, tls, module, env or {})
         try:
             yield info
         finally:
@@ -199,7 +206,7 @@ def target_process(tls: bool = True) -> Iterator[TargetInfo]:
 
 
 def _start_serving(
-    root: _Root, tls: bool, tries: int = 3
+    root: _Root, tls: bool, module: str, env: dict[str, str], tries: int = 3
 ) -> tuple[subprocess.Popen[bytes], TargetInfo]:
     """``serve`` on a port that was free a moment ago; another try if someone took it first."""
     config = root.path / "target.toml"
@@ -210,9 +217,9 @@ def _start_serving(
         os.chmod(config, 0o600)
         with open(log, "ab") as out:
             proc = subprocess.Popen(
-                [PYTHON, "-m", "target_side.tools.cli", "serve", "--config", str(config)],
+                [PYTHON, "-m", module, "serve", "--config", str(config)],
                 cwd=REPO,
-                env=child_env(),
+                env=child_env(**env),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,

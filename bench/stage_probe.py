@@ -1,0 +1,100 @@
+"""``target_side.tools.cli``, with each turn's steps stamped on one clock (for ``bench/stages.py``).
+
+Run as ``python -m bench.stage_probe serve --config ...``. On SIGUSR2 the stamps
+taken since the last signal are written, one JSON object a turn, to the file
+named by ``PADDOCK_STAGE_FILE`` (a temp file the bench chose), and forgotten.
+The probe wraps the turn manager's own steps; it changes nothing they do.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import os
+import runpy
+import signal
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from target_side.fence import limits
+from target_side.service import turns
+
+STAMPS: defaultdict[str, dict[str, float]] = defaultdict(dict)
+OUT_FILE = os.environ.get("PADDOCK_STAGE_FILE", "")
+
+
+def _stamp(turn_id: str, step: str) -> None:
+    STAMPS[turn_id].setdefault(step, time.monotonic())
+
+
+def _turn_of(args: tuple[Any, ...], where: str) -> str:
+    """The turn id among a wrapped step's arguments (``where``: how to find it)."""
+    if where == "record":
+        return str(args[1].turn.turn_id)
+    if where == "plan":
+        return str(args[2].turn_id)
+    return str(args[1])
+
+
+def _around(owner: Any, name: str, where: str, before: str, after: str) -> None:
+    real = getattr(owner, name)
+
+    @functools.wraps(real)
+    def sync(*args: Any, **kwargs: Any) -> Any:
+        turn = _turn_of(args, where)
+        _stamp(turn, before)
+        try:
+            return real(*args, **kwargs)
+        finally:
+            _stamp(turn, after)
+
+    @functools.wraps(real)
+    async def asynchronous(*args: Any, **kwargs: Any) -> Any:
+        turn = _turn_of(args, where)
+        _stamp(turn, before)
+        try:
+            return await real(*args, **kwargs)
+        finally:
+            _stamp(turn, after)
+
+    wrapped: Callable[..., Any] = asynchronous if inspect.iscoroutinefunction(real) else sync
+    setattr(owner, name, wrapped)
+
+
+def _made(real: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(real)
+    def new_record(*args: Any, **kwargs: Any) -> Any:
+        record = real(*args, **kwargs)
+        _stamp(record.turn.turn_id, "made")
+        return record
+
+    return new_record
+
+
+def _dump(signum: int, frame: FrameType | None) -> None:
+    done = {turn: steps for turn, steps in STAMPS.items() if "ended" in steps}
+    with open(OUT_FILE, "w") as out:
+        json.dump(done, out)
+    STAMPS.clear()
+
+
+def main() -> None:
+    manager = turns.TurnManager
+    manager._new_record = _made(manager._new_record)  # type: ignore[method-assign]
+    _around(manager, "_make_and_plan", "record", "planning", "planned")
+    _around(limits.Limiter, "make_for_turn", "id", "cgroups", "cgroups made")
+    _around(manager, "_launch", "record", "launching", "launched")
+    _around(manager, "_spawn", "plan", "spawning", "started")
+    _around(manager, "_finish", "record", "ending", "ended")
+    signal.signal(signal.SIGUSR2, _dump)
+    sys.argv = ["target_side.tools.cli", *sys.argv[1:]]
+    runpy.run_module("target_side.tools.cli", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()

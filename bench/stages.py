@@ -1,0 +1,117 @@
+"""Where a burst's turns wait: each turn's steps on the target's clock, 200 at once.
+
+    .venv/bin/python bench/stages.py [--turns 200] [--rounds 2]
+
+The concurrency section's burst (``sleep 1`` turns, each from its own warmed
+agent), against a target run under ``bench.stage_probe``, which stamps each
+turn's steps: made (its record), planning and planned (spool, plan and
+cgroups, on a planning thread), its cgroups made (their lock's queue
+included), launching (the event loop took the planned turn up), started
+(bubblewrap started), launched (its launch line written, ``started``
+queued), ending and ended (its end recorded). Printed per round: when each
+step happened across the turns (from the first turn made), and how long
+each turn spent between two steps. A step whose time grows with the burst is
+where the turns queue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import render_table
+from bench.concurrency import Load, _turns
+from bench.targets import target_process
+
+STEPS = (
+    "made",
+    "planning",
+    "cgroups",
+    "cgroups made",
+    "planned",
+    "launching",
+    "started",
+    "launched",
+    "ending",
+    "ended",
+)
+SETTLE_S = 0.5
+"""Between a burst's end and the stamps being asked for: the last ends are recorded by then."""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--turns", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    load = Load(args.turns, ("sleep", "1"))
+    with tempfile.TemporaryDirectory(prefix="paddock-stages-") as scratch:
+        stamps = Path(scratch) / "stamps.json"
+        probe = {"PADDOCK_STAGE_FILE": str(stamps)}
+        with target_process(module="bench.stage_probe", env=probe) as target:
+            failures: list[str] = []
+            _turns(target, load, failures)  # warm: threads, nursery, caches
+            for number in range(1, args.rounds + 1):
+                _collect(target.pid, stamps)  # forget the warm-up's
+                wall, _ = _turns(target, load, failures)
+                print(_report(number, wall, _collect(target.pid, stamps)))
+            for failure in failures[:5]:
+                print(f"failed: {failure}")
+
+
+def _collect(pid: int, stamps: Path) -> dict[str, dict[str, float]]:
+    time.sleep(SETTLE_S)
+    stamps.unlink(missing_ok=True)
+    os.kill(pid, signal.SIGUSR2)
+    deadline = time.monotonic() + 5
+    while not stamps.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.05)  # written whole by then: one small file
+    found: dict[str, dict[str, float]] = json.loads(stamps.read_text())
+    return found
+
+
+def _report(number: int, wall: float, turns: dict[str, dict[str, float]]) -> str:
+    rows = list(turns.values())
+    if not rows:
+        return f"round {number}: no turn recorded"
+    zero = min(row["made"] for row in rows if "made" in row)
+    when = []
+    for step in STEPS:
+        at = sorted(row[step] - zero for row in rows if step in row)
+        if at:
+            when.append([step, *(f"{q:.3f}" for q in _quantiles(at))])
+    spans = []
+    for first, then in itertools.pairwise(STEPS):
+        took = sorted(
+            1000 * (row[then] - row[first]) for row in rows if {first, then} <= row.keys()
+        )
+        if took:
+            spans.append([f"{first} -> {then}", *(f"{q:.1f}" for q in _quantiles(took))])
+    title = f"round {number}: {len(rows)} turns, wall {wall:.2f} s"
+    header = ["", "first", "p10", "p50", "p90", "last"]
+    return "\n".join(
+        [
+            render_table(f"{title}; when (s, from the first turn made)", header, when),
+            render_table(f"{title}; between steps (ms, per turn)", header, spans),
+        ]
+    )
+
+
+def _quantiles(values: list[float]) -> tuple[float, ...]:
+    last = len(values) - 1
+    return tuple(values[round(q * last)] for q in (0, 0.1, 0.5, 0.9, 1))
+
+
+if __name__ == "__main__":
+    main()
