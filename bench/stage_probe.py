@@ -32,21 +32,28 @@ def _stamp(turn_id: str, step: str) -> None:
     STAMPS[turn_id].setdefault(step, time.monotonic())
 
 
-def _turn_of(args: tuple[Any, ...], where: str) -> str:
-    """The turn id among a wrapped step's arguments (``where``: how to find it)."""
-    if where == "record":
-        return str(args[1].turn.turn_id)
-    if where == "plan":
-        return str(args[2].turn_id)
+TurnOf = Callable[[tuple[Any, ...]], str]
+"""Where a wrapped step's turn id is, among its arguments (``self`` first)."""
+
+
+def _record(args: tuple[Any, ...]) -> str:
+    return str(args[1].turn.turn_id)
+
+
+def _plan(args: tuple[Any, ...]) -> str:
+    return str(args[2].turn_id)
+
+
+def _turn_id(args: tuple[Any, ...]) -> str:
     return str(args[1])
 
 
-def _around(owner: Any, name: str, where: str, before: str, after: str) -> None:
+def _around(owner: Any, name: str, turn_of: TurnOf, before: str, after: str) -> None:
     real = getattr(owner, name)
 
     @functools.wraps(real)
     def sync(*args: Any, **kwargs: Any) -> Any:
-        turn = _turn_of(args, where)
+        turn = turn_of(args)
         _stamp(turn, before)
         try:
             return real(*args, **kwargs)
@@ -55,7 +62,7 @@ def _around(owner: Any, name: str, where: str, before: str, after: str) -> None:
 
     @functools.wraps(real)
     async def asynchronous(*args: Any, **kwargs: Any) -> Any:
-        turn = _turn_of(args, where)
+        turn = turn_of(args)
         _stamp(turn, before)
         try:
             return await real(*args, **kwargs)
@@ -86,11 +93,11 @@ def _dump(signum: int, frame: FrameType | None) -> None:
 def main() -> None:
     manager = turns.TurnManager
     manager._new_record = _made(manager._new_record)  # type: ignore[method-assign]
-    _around(manager, "_make_and_plan", "record", "planning", "planned")
-    _around(limits.Limiter, "make_for_turn", "id", "cgroups", "cgroups made")
-    _around(manager, "_launch", "record", "launching", "launched")
-    _around(manager, "_spawn", "plan", "spawning", "started")
-    _around(manager, "_finish", "record", "ending", "ended")
+    _around(manager, "_make_and_plan", _record, "planning", "planned")
+    _around(limits.Limiter, "make_for_turn", _turn_id, "cgroups", "cgroups made")
+    _around(manager, "_launch", _record, "launching", "launched")
+    _around(manager, "_spawn", _plan, "spawning", "started")
+    _around(manager, "_finish", _record, "ending", "ended")
     signal.signal(signal.SIGUSR2, _dump)
     sys.argv = ["target_side.tools.cli", *sys.argv[1:]]
     runpy.run_module("target_side.tools.cli", run_name="__main__", alter_sys=True)

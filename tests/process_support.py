@@ -132,10 +132,7 @@ class TargetProcess:
 
     def rss_kib(self) -> int:
         """The process's resident memory (``VmRSS``), KiB."""
-        status = Path(f"/proc/{self.proc.pid}/status").read_text()
-        return int(
-            next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1]
-        )
+        return int(proc_status(f"/proc/{self.proc.pid}/status")["VmRSS"][0])
 
 
 @contextlib.contextmanager

@@ -94,7 +94,7 @@ def test_the_client_asks_for_the_urls_httpx_would_have_made(base: str) -> None:
                 assert client._absolute(path) == merged, path
         for n in range(URLS_KEPT + 10):  # a turn's own paths come and go; the cache stays small
             client._absolute(f"/v1/turns/t-{n}")
-        assert len(client._urls) == URLS_KEPT
+        assert client._absolute.cache_info().currsize == URLS_KEPT
 
 
 def test_client_refuses_a_turn_id_that_would_steer_the_path() -> None:
