@@ -364,6 +364,20 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_ledger_recovery.py -k short_write",),
     ),
     Mutation(
+        "spool-output-left-to-the-closing-sync",
+        "target_side/service/spool.py",
+        "        if self._size - self._written_back >= WRITEBACK_BYTES:",
+        "        if False:",
+        ("tests/test_spool_writeback.py -k as_it_passes",),
+    ),
+    Mutation(
+        "spool-early-writeback-failure-escapes",
+        "target_side/service/spool.py",
+        "        with contextlib.suppress(OSError, AttributeError):  # a head start: ``sync`` answers",
+        "        with contextlib.suppress(AttributeError):",
+        ("tests/test_spool_writeback.py -k still_syncs",),
+    ),
+    Mutation(
         "turns-admitted-on-a-full-disk",
         "target_side/service/turns.py",
         "        if self._disk_failure is not None or self._disk_low is not None:",

@@ -1,9 +1,11 @@
-"""System calls made by number, where the C library has no wrapper that does what is needed.
+"""System calls Python does not offer: made by number, or through the C library's wrapper.
 
+By number where the C library has no wrapper that does what is needed:
 ``setresuid`` and friends through the C library change every thread's ids at
 once (``thread_ids`` needs one thread's); Python offers no ``openat2``
 (``nofollow`` resolves a whole path with it). The numbers are known per
 machine; on another, ``number`` says None and the caller takes its slower path.
+Through the wrapper where it does: ``sync_file_range`` (the event spool).
 
 Standard library only: the privileged launcher imports it too (through ``nofollow``).
 """
@@ -14,6 +16,7 @@ import ctypes
 import functools
 import os
 import platform
+from collections.abc import Callable
 
 NUMBERS = {
     "x86_64": {
@@ -34,6 +37,8 @@ NUMBERS = {
     },
 }
 """Numbers of the calls used, per machine."""
+SYNC_FILE_RANGE_WRITE = 2
+"""Start writing out the range's dirty pages; wait for none of it (``sync_file_range(2)``)."""
 
 
 def number(name: str) -> int | None:
@@ -66,3 +71,23 @@ def call(name: str, *args: object) -> int:
 
 def _arg(value: object) -> object:
     return ctypes.c_long(value) if isinstance(value, int) else value
+
+
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Have the kernel start writing ``length`` bytes of ``fd`` from ``offset`` to its disk.
+
+    Returns once the writes are queued, not done: what waits for them is a
+    later ``fdatasync``, which then finds little left to do. ``OSError`` if
+    the call failed; ``AttributeError`` where the C library lacks it.
+    """
+    if _sync_file_range()(fd, offset, length, SYNC_FILE_RANGE_WRITE) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"sync_file_range: {os.strerror(code)}")
+
+
+@functools.cache
+def _sync_file_range() -> Callable[..., int]:
+    wrapper = libc().sync_file_range
+    wrapper.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    wrapper.restype = ctypes.c_int
+    return wrapper

@@ -41,6 +41,7 @@ from pydantic import ValidationError
 from shared import frames
 from shared.wire import EVENTS, TERMINAL_KINDS, Event
 from target_side.errors import StorageError
+from target_side.fence.raw_syscalls import start_writeback
 from target_side.service.tails import Cut, cut_file, stamp, write_all
 
 READ_BATCH = 256
@@ -49,6 +50,8 @@ FRAMES_BATCH_BYTES = 4 << 20
 """Bytes per read for the frame stream (whole frames; one larger frame goes alone)."""
 TAIL_BYTES = 2 << 20
 """Recent records of a running turn kept in memory for the followers keeping up with it."""
+WRITEBACK_BYTES = 4 << 20
+"""Bytes appended before the disk is asked to start writing them out (``_write_back``)."""
 FRAMES = "events.frames"
 LINES = "events.jsonl"
 OUTPUT_KINDS = frozenset({"stdout", "stderr"})
@@ -83,6 +86,8 @@ class EventSpool:
         self._offsets: list[int] = []
         self._kinds: list[str] = []
         self._size = 0
+        self._written_back = 0
+        """Where the disk was last asked to start writing out what was appended."""
         self.cut: Cut | None = None
         self._fd = -1
         if on_disk:
@@ -108,6 +113,7 @@ class EventSpool:
         try:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             self._offsets, self._kinds, self._size, self.cut = _index(path, self._format)
+            self._written_back = self._size
             self._fd = os.open(
                 path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
             )
@@ -203,8 +209,22 @@ class EventSpool:
         self._offsets.append(self._size)
         self._kinds.append(kind)
         self._size += len(record)
+        if self._size - self._written_back >= WRITEBACK_BYTES:
+            self._write_back()
         self._keep(record)
         self._settle(kind)
+
+    def _write_back(self) -> None:
+        """Have the disk start writing out what was appended since it was last asked.
+
+        Only started (the call returns at once): the turn's closing ``sync``
+        still waits for all of it, but finds little left to write. Left to the
+        end, 200 MiB of output took the closing sync 0.12 s, every bit of it
+        between the turn's last byte and its exit.
+        """
+        start, self._written_back = self._written_back, self._size
+        with contextlib.suppress(OSError, AttributeError):  # a head start: ``sync`` answers
+            start_writeback(self._fd, start, self._size - start)
 
     def _keep(self, record: bytes) -> None:
         """Keep the newest record in the tail; the oldest go past ``TAIL_BYTES`` (one stays)."""
