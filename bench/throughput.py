@@ -7,6 +7,7 @@ reused SSH connection) to a plain-HTTP listener and to the HTTPS one.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -80,7 +81,8 @@ def run(size: int, label: str = "") -> str:
     with target_process() as target:
         paddock = _paddock_rows(target, size)
         ssh = _ssh_rows(target, size)
-    return _table([*rows, *ssh[:1], *paddock, *ssh[1:]], size, label)
+        disk = _disk_row(Path(target.workspace).parent, 2 * size)
+    return _table([*rows, *ssh[:1], *paddock, *ssh[1:], disk], size, label)
 
 
 def _paddock_rows(target: TargetInfo, size: int) -> list[Row]:
@@ -216,6 +218,29 @@ def _window_turn(target: TargetInfo, ssh: LocalSsh, window: int, size: int) -> f
             return _follow_turn(client, argv, size)
     finally:
         connection.close()
+
+
+def _disk_row(directory: Path, size: int) -> Row:
+    """The state disk's own rate, measured last: ``size`` bytes written and synced beside the
+    target's state root, where the paddock rows' spools went (ssh stores nothing)."""
+    path = directory / "disk-probe"
+    block = b"\0" * READ_CHUNK
+    started = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for _ in range(size // len(block)):
+            os.write(fd, block)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return Row(
+        "state disk: written and synced, after the rest",
+        size,
+        time.perf_counter() - started,
+        "paddock rows store every byte here (ssh rows: none); past a burst, a VM disk may "
+        "bound them",
+    )
 
 
 def _read_all(
