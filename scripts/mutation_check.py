@@ -378,6 +378,20 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_spool_writeback.py -k still_syncs",),
     ),
     Mutation(
+        "spool-output-kept-in-the-page-cache",
+        "target_side/service/spool.py",
+        "            start_writeback(self._fd, start, self._size - start)\n        self._uncache(start)",
+        "            start_writeback(self._fd, start, self._size - start)",
+        ("tests/test_spool_writeback.py -k leaves_the_page_cache_as_more_comes",),
+    ),
+    Mutation(
+        "synced-spool-kept-in-the-page-cache",
+        "target_side/service/spool.py",
+        "        if self._size > CACHED_AFTER_SYNC:",
+        "        if False:",
+        ("tests/test_spool_writeback.py -k leaves_the_page_cache_whole",),
+    ),
+    Mutation(
         "turns-admitted-on-a-full-disk",
         "target_side/service/turns.py",
         "        if self._disk_failure is not None or self._disk_low is not None:",
