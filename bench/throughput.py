@@ -238,8 +238,7 @@ def _disk_row(directory: Path, size: int) -> Row:
         "state disk: written and synced, after the rest",
         size,
         time.perf_counter() - started,
-        "paddock rows store every byte here (ssh rows: none); past a burst, a VM disk may "
-        "bound them",
+        "paddock rows store every byte here (ssh rows: none)",
     )
 
 
