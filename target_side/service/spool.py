@@ -231,10 +231,11 @@ class EventSpool:
         Output is read back from memory (the tail) by the followers keeping up,
         and from the disk by the rest: cached, a turn's output only grew the
         page cache, 200 MiB a turn. On a VM that hands its free memory back to
-        its host, as this one does, each newly cached page costs a fault on the
-        host: after the first gigabyte or so, 200 MiB turns streamed at 120-137
-        MiB/s instead of 224-331. The kernel drops only pages already written
-        out (dirty ones it skips), so nothing waits and nothing is lost.
+        its host (free page reporting; the machine measured did), each newly
+        cached page costs a fault on the host: after the first gigabyte or so,
+        200 MiB turns streamed at 120-137 MiB/s instead of 224-331. The kernel
+        drops only pages already written out (dirty ones it skips), so nothing
+        waits and nothing is lost.
         """
         start, self._written_back = self._written_back, self._size
         with contextlib.suppress(OSError, AttributeError):  # a head start: ``sync`` answers
