@@ -380,7 +380,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "spool-output-kept-in-the-page-cache",
         "target_side/service/spool.py",
-        "            start_writeback(self._fd, start, self._size - start)\n        self._uncache(start)",
+        "            start_writeback(self._fd, start, self._size - start)\n        self._uncache(self._uncached, start)",
         "            start_writeback(self._fd, start, self._size - start)",
         ("tests/test_spool_writeback.py -k leaves_the_page_cache_as_more_comes",),
     ),

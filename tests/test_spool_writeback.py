@@ -37,7 +37,7 @@ PAGE = mmap.PAGESIZE
 
 def cached_bytes(path: Path) -> int:
     """How much of ``path`` is in the page cache now (``mincore(2)`` over a mapping of it)."""
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = raw_syscalls.libc()
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = (
         ctypes.c_void_p,

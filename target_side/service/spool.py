@@ -240,16 +240,14 @@ class EventSpool:
         start, self._written_back = self._written_back, self._size
         with contextlib.suppress(OSError, AttributeError):  # a head start: ``sync`` answers
             start_writeback(self._fd, start, self._size - start)
-        self._uncache(start)
+        self._uncache(self._uncached, start)
 
-    def _uncache(self, end: int) -> None:
-        """Let the page cache go of the spool's bytes before ``end`` (those written out)."""
-        if end > self._uncached:
+    def _uncache(self, start: int, end: int) -> None:
+        """Let the page cache go of the spool's bytes from ``start`` to ``end`` (written out)."""
+        if end > start:
             with contextlib.suppress(OSError):  # only memory: nothing depends on it
-                os.posix_fadvise(
-                    self._fd, self._uncached, end - self._uncached, os.POSIX_FADV_DONTNEED
-                )
-            self._uncached = end
+                os.posix_fadvise(self._fd, start, end - start, os.POSIX_FADV_DONTNEED)
+        self._uncached = max(self._uncached, end)
 
     def _keep(self, record: bytes) -> None:
         """Keep the newest record in the tail; the oldest go past ``TAIL_BYTES`` (one stays)."""
@@ -285,8 +283,7 @@ class EventSpool:
             return False
         if self._size > CACHED_AFTER_SYNC:
             # All written out now: what ``_write_back`` found still being written goes too.
-            self._uncached = 0
-            self._uncache(self._written_back)
+            self._uncache(0, self._written_back)
         return True
 
     def _close_file(self) -> None:
