@@ -1567,6 +1567,38 @@ MUTATIONS += (
 )
 
 
+# A role's home is seen as it should be without its lock; anything else is mended under it.
+MUTATIONS += (
+    Mutation(
+        "home-seen-right-whatever-its-mode",
+        "target_side/fence/home.py",
+        "        return (st.st_uid, st.st_gid) == (uid, gid) and stat.S_IMODE(st.st_mode) == 0o700",
+        "        return (st.st_uid, st.st_gid) == (uid, gid)",
+        ("tests/test_home.py -k mode",),
+    ),
+    Mutation(
+        "home-seen-right-whoever-owns-its-parents",
+        "target_side/fence/home.py",
+        "            if st.st_uid != owner[0] or stat.S_IMODE(st.st_mode) != SEARCHABLE:",
+        "            if stat.S_IMODE(st.st_mode) != SEARCHABLE:",
+        ("tests/test_host_edges.py -k cannot_make",),
+    ),
+    Mutation(
+        "home-seen-right-through-a-symlink",
+        "target_side/fence/home.py",
+        "        opened.append(os.open(HOME, DIR_FLAGS, dir_fd=opened[-1]))",
+        "        opened.append(os.open(HOME, os.O_RDONLY, dir_fd=opened[-1]))",
+        ("tests/test_home.py -k symlink",),
+    ),
+    Mutation(
+        "home-always-made-under-the-lock",
+        "target_side/fence/home.py",
+        "    if _as_it_should_be(state_root, role, uid, gid, owner):",
+        "    if False:",
+        ("tests/test_home.py -k without_the_roles_lock",),
+    ),
+)
+
 SESSION_TESTS = "tests/test_sessions.py"
 """Sessions and terminals over real bubblewrap and a real target."""
 

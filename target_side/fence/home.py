@@ -76,6 +76,10 @@ def prepare_home(
     ``HomeError`` if it cannot be made.
     """
     owner = server if server is not None else (os.getuid(), os.getgid())
+    # Most turns find it as it should be, which takes no lock to see: turns starting together
+    # queued for it, each holding it through a dozen system calls.
+    if _as_it_should_be(state_root, role, uid, gid, owner):
+        return None
     with _LOCKS.setdefault((str(state_root), role), threading.Lock()):
         return _prepare(state_root, role, uid, gid, owner, fix_mode)
 
@@ -101,6 +105,32 @@ def _prepare(
         raise HomeError(f"cannot prepare the home of role {role!r}: {exc}") from exc
     finally:
         os.close(state)
+
+
+def _as_it_should_be(
+    state_root: Path, role: str, uid: int, gid: int, owner: tuple[int, int]
+) -> bool:
+    """Whether the home and every directory above it are as ``_prepare`` leaves them (opened
+    and looked at, nothing changed): when they are, there is nothing to make or repair."""
+    opened: list[int] = []
+    try:
+        opened.append(os.open(state_root, DIR_FLAGS))
+        st = os.fstat(opened[-1])
+        if st.st_uid != owner[0] or st.st_mode & 0o011 != 0o011:
+            return False
+        for name in ("roles", role):
+            opened.append(os.open(name, DIR_FLAGS, dir_fd=opened[-1]))
+            st = os.fstat(opened[-1])
+            if st.st_uid != owner[0] or stat.S_IMODE(st.st_mode) != SEARCHABLE:
+                return False
+        opened.append(os.open(HOME, DIR_FLAGS, dir_fd=opened[-1]))
+        st = os.fstat(opened[-1])
+        return (st.st_uid, st.st_gid) == (uid, gid) and stat.S_IMODE(st.st_mode) == 0o700
+    except OSError:
+        return False
+    finally:
+        for fd in opened:
+            os.close(fd)
 
 
 @contextlib.contextmanager
