@@ -40,10 +40,6 @@ def _record(args: tuple[Any, ...]) -> str:
     return str(args[1].turn.turn_id)
 
 
-def _plan(args: tuple[Any, ...]) -> str:
-    return str(args[2].turn_id)
-
-
 def _turn_id(args: tuple[Any, ...]) -> str:
     return str(args[1])
 
@@ -95,8 +91,9 @@ def main() -> None:
     manager._new_record = _made(manager._new_record)  # type: ignore[method-assign]
     _around(manager, "_make_and_plan", _record, "planning", "planned")
     _around(limits.Limiter, "make_for_turn", _turn_id, "cgroups", "cgroups made")
+    _around(manager, "_start_here", _record, "starting", "handed over")
     _around(manager, "_launch", _record, "launching", "launched")
-    _around(manager, "_spawn", _plan, "spawning", "started")
+    _around(manager, "_launched", _record, "started", "recorded")
     _around(manager, "_finish", _record, "ending", "ended")
     signal.signal(signal.SIGUSR2, _dump)
     sys.argv = ["target_side.tools.cli", *sys.argv[1:]]

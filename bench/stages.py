@@ -5,10 +5,13 @@
 The concurrency section's burst (``sleep 1`` turns, each from its own warmed
 agent), against a target run under ``bench.stage_probe``, which stamps each
 turn's steps: made (its record), planning and planned (spool, plan and
-cgroups, on a planning thread), its cgroups made (their lock's queue
-included), launching (the event loop took the planned turn up), started
-(bubblewrap started), launched (its launch line written, ``started``
-queued), ending and ended (its end recorded). Printed per round: when each
+cgroups, on a planning thread), its cgroups made, handed over (its
+bubblewrap handed to the thread that starts it at once, where the planning
+thread may do that), launching (the event loop took the planned turn up),
+started (its process followed from the loop), launched (its launch line
+written, ``started`` queued), ending and ended (its end recorded). A step
+that does not happen to a turn (handed over, under a lease or through the
+launcher) is left out of its spans. Printed per round: when each
 step happened across the turns (from the first turn made), and how long
 each turn spent between two steps. A step whose time grows with the burst is
 where the turns queue.
@@ -38,6 +41,7 @@ STEPS = (
     "planning",
     "cgroups",
     "cgroups made",
+    "handed over",
     "planned",
     "launching",
     "started",

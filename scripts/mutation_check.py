@@ -1599,6 +1599,32 @@ MUTATIONS += (
     ),
 )
 
+# A turn's bubblewrap is started by the thread that planned it; its bookkeeping on the loop
+# waits for the turns being planned, a second at most.
+MUTATIONS += (
+    Mutation(
+        "turn-started-only-when-the-loop-gets-to-it",
+        "target_side/service/turns.py",
+        "        self._start_here(record, planned, request, loop)\n",
+        "",
+        ("tests/test_start_here.py",),
+    ),
+    Mutation(
+        "started-turns-bookkeeping-never-waits",
+        "target_side/service/turns.py",
+        "            await self._after_planning()\n",
+        "",
+        ("tests/test_start_here.py -k bookkeeping_waits",),
+    ),
+    Mutation(
+        "started-turns-bookkeeping-waits-for-ever",
+        "target_side/service/turns.py",
+        "                async with asyncio.timeout(BOOKKEEPING_WAIT_S):",
+        "                async with asyncio.timeout(None):",
+        ("tests/test_start_here.py -k a_second_at_most",),
+    ),
+)
+
 SESSION_TESTS = "tests/test_sessions.py"
 """Sessions and terminals over real bubblewrap and a real target."""
 

@@ -458,14 +458,17 @@ def test_a_turns_started_at_is_bubblewraps_start_however_late_the_loop_gets_ther
     """The gate opens without the event loop, so a busy loop can get to a turn after its
     command ran: ``started_at`` must still come before anything the command did."""
 
+    loops: list[asyncio.AbstractEventLoop] = []
+
     def busy_loop_at_launch(step: str) -> None:
-        if step == "open-to-launch":  # on the loop, just before bubblewrap starts
-            asyncio.get_running_loop().call_soon(time.sleep, 0.5)
+        if step == "open-to-launch":  # just before bubblewrap starts (on a planning thread)
+            loops[0].call_soon_threadsafe(time.sleep, 0.5)
 
     settings = make_settings(Path(canonical_path(tmp_path)), ca)
     app = create_app(settings, inject=busy_loop_at_launch)
 
     async def scenario() -> tuple[dict[str, str], float]:
+        loops.append(asyncio.get_running_loop())
         async with served(app) as c:
             made = await c.post("/v1/turns", json={"role": "builder", "argv": ["date", "+%s.%N"]})
             turn_id = made.json()["turn_id"]

@@ -116,7 +116,7 @@ class StartWatch:
         self._loop = loop
         self._limits = gate.limits
         self._status, self._block = gate.give_away()
-        self.lines = asyncio.StreamReader()
+        self.lines = asyncio.StreamReader(loop=loop)
         self.held: asyncio.Future[Held] = loop.create_future()
 
     def started(self, process: subprocess.Popen[bytes]) -> None:

@@ -14,7 +14,9 @@ the way this server can do them:
   request to it (``fence/launcher.py`` says what it grants).
 
 Either way ``spawn`` returns a ``FenceProcess``, so ``RunningTurn`` never
-knows which one ran the fence.
+knows which one ran the fence. ``InProcess`` also starts it from a thread of
+the caller's (``spawn_here``: the planning thread, which need not wait for
+the event loop), the loop following it from there.
 """
 
 from __future__ import annotations
@@ -88,6 +90,23 @@ class FenceProcess(Protocol):
         """Let go of what was held for the process once it has ended."""
 
 
+class SpawnHere(Protocol):
+    """``Identity.spawn``'s first half, on any thread: bubblewrap started, its pipes not yet
+    the loop's."""
+
+    def __call__(
+        self,
+        ids: tuple[int, int],
+        argv: Sequence[str],
+        pass_fds: Sequence[int],
+        stdin_open: bool,
+        limits: TurnLimits | None = None,
+        *,
+        terminal: int | None = None,
+        gate: Gate | None = None,
+    ) -> Spawning: ...
+
+
 class Identity(Protocol):
     """Starting, housing and auditing a role's turns as the role's uid."""
 
@@ -106,6 +125,11 @@ class Identity(Protocol):
         """Start ``argv`` as ``ids``; ``limits`` may let it be born inside its cgroups; with
         ``terminal`` (a pty's other side) as its stdin, stdout and stderr. ``gate``: the
         fence's, which this may take over (``fence.gate``)."""
+
+    def spawn_here(self, loop: asyncio.AbstractEventLoop) -> SpawnHere | None:
+        """``spawn`` in two halves, for a caller on a thread of its own: the first starts
+        bubblewrap at once, without the event loop (``loop``, busy or not); the returned
+        ``Spawning`` is then awaited on the loop. None where it can only be awaited."""
 
     async def prepare_home(self, state_root: Path, role: str, ids: tuple[int, int]) -> str | None:
         """Make or repair the role's home (``fence.home``); a sentence if it was repaired."""
@@ -151,6 +175,28 @@ class InProcess:
         terminal: int | None = None,
         gate: Gate | None = None,
     ) -> FenceProcess:
+        loop = asyncio.get_running_loop()
+        spawning = self.start(
+            loop, ids, argv, pass_fds, stdin_open, limits, terminal=terminal, gate=gate
+        )
+        return await spawning.process()
+
+    def spawn_here(self, loop: asyncio.AbstractEventLoop) -> SpawnHere | None:
+        return functools.partial(self.start, loop)
+
+    def start(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        ids: tuple[int, int],
+        argv: Sequence[str],
+        pass_fds: Sequence[int],
+        stdin_open: bool,
+        limits: TurnLimits | None = None,
+        *,
+        terminal: int | None = None,
+        gate: Gate | None = None,
+    ) -> Spawning:
+        """Hand bubblewrap to the thread that starts it, which does so at once (any thread)."""
         uid, gid = ids
         prefix: tuple[str, ...] = ()
         switch = thread_acts = False
@@ -164,15 +210,15 @@ class InProcess:
         stderr: int = subprocess.PIPE
         if terminal is not None:
             stdin = stdout = stderr = terminal
-        held: list[int] = []
-        began: list[float] = []
+        worker = limits.worker if limits is not None else None
+        spawning = Spawning(worker or Worker(loop))
 
         def start() -> subprocess.Popen[bytes]:
             with thread_ids.acting_as(uid, gid) if thread_acts else contextlib.nullcontext():
                 return _popen()
 
         def _popen() -> subprocess.Popen[bytes]:
-            began.append(time.monotonic())
+            spawning.began = time.monotonic()
             process = subprocess.Popen(
                 [*prefix, *argv],
                 stdin=stdin,
@@ -189,18 +235,13 @@ class InProcess:
             )
             # Before the worker can reap it: a kill through this never hits a recycled pid.
             with contextlib.suppress(OSError):
-                held.append(os.pidfd_open(process.pid))
+                spawning.pidfd = os.pidfd_open(process.pid)
             return process
 
-        loop = asyncio.get_running_loop()
-        worker = limits.worker if limits is not None else None
-        worker = worker or Worker(loop)
         # The thread that starts bubblewrap opens its gate: it is there at once, the loop is not.
-        watch = StartWatch(loop, gate) if gate is not None else None
-        process = await worker.start(start, watch)
-        return await LocalProcess.started(
-            process, worker, began[0], held[0] if held else None, watch
-        )
+        spawning.watch = StartWatch(loop, gate) if gate is not None else None
+        spawning.worker.start(start, spawning.watch)
+        return spawning
 
     async def prepare_home(self, state_root: Path, role: str, ids: tuple[int, int]) -> str | None:
         return await asyncio.to_thread(home.prepare_home, state_root, role, *ids)
@@ -219,6 +260,22 @@ class InProcess:
         self, role: str, ids: tuple[int, int], expected: Mapping[str, str | None], turn_id: str
     ) -> Callable[[], list[str]] | None:
         return functools.partial(audit.enforce, expected, turn_id)
+
+
+class Spawning:
+    """bubblewrap handed to its worker thread: started there, followed from the event loop."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.watch: StartWatch | None = None
+        self.began = 0.0
+        self.pidfd: int | None = None
+
+    async def process(self) -> LocalProcess:
+        """The started process, its pipes connected to the running loop (or the error
+        starting it raised)."""
+        process = await self.worker.spawned
+        return await LocalProcess.started(process, self.worker, self.began, self.pidfd, self.watch)
 
 
 def as_ids_prefix(uid: int, gid: int) -> tuple[str, ...]:

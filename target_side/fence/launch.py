@@ -26,8 +26,9 @@ import re
 import shutil
 import signal
 import subprocess
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from shared.wire import Refusal
 from target_side.errors import (
@@ -40,7 +41,14 @@ from target_side.errors import (
 from target_side.fence import syscall_filter
 from target_side.fence.gate import Gate
 from target_side.fence.held import FailureHook, HeldFence, hold_fence, no_failure
-from target_side.fence.identity import BWRAP_ENV, Identity, InProcess
+from target_side.fence.identity import (
+    BWRAP_ENV,
+    FenceProcess,
+    Identity,
+    InProcess,
+    SpawnHere,
+    Spawning,
+)
 from target_side.fence.limits import Limiter, TurnLimits
 from target_side.fence.runner import Emit, RunningTurn, set_terminal_size
 from target_side.policy import refusals
@@ -320,71 +328,151 @@ async def launch_turn(
     the command's controlling terminal.
     """
     starter = identity if identity is not None else InProcess()
-    opened: list[int] = []
-    gate: Gate | None = None
-    master: int | None = None
-    try:
-        held = hold_fence(plan, inject)
-        opened += held.fds()
-        if limits is None:
+    if limits is None:
+        with _undone_on_failure([], lambda: None, None):
             limits = limiter.for_turn(plan.turn_id, plan.limits)
-        status_read, status_write = _pipe(opened)
-        # Born inside its cgroups, the fence waits for nothing: no gate (``fence.gate``).
-        block_read, block_write = (-1, -1) if limits.born_inside else _pipe(opened)
-        gate = Gate(status_read, block_write, limits)
-        script = memory_file("paddock-script", plan.script) if plan.script is not None else None
-        seccomp = syscall_filter.filter_fd(network=plan.network)
-        fds = LaunchFds(
-            status=status_write,
-            block=block_read,
-            gate=block_write,
-            held=held,
-            script=_opened(opened, script),
-            seccomp=_opened(opened, seccomp),
-            extra=extra_fds,
-        )
-        fds = replace(fds, args=_opened(opened, args_fd(bwrap_options(plan, fds))))
-        inject("open-to-launch")
-        argv = bwrap_argv(bwrap, plan, fds, limits.rlimit_prefix(plan.uid))
-        terminal = None
-        if plan.tty is not None:
-            master, terminal = terminal_pair(plan.tty.rows, plan.tty.cols)
-            opened += (master, terminal)
+    fence = _Fence.prepare(bwrap, plan, limits, inject, extra_fds)
+    with fence.undone_on_failure():
         process = await starter.spawn(
-            plan.role,
-            (plan.uid, plan.gid),
-            argv,
-            fds.passed(),
-            plan.stdin_open,
-            limits,
-            terminal=terminal,
-            gate=gate,
+            plan.role, (plan.uid, plan.gid), *fence.spawn_args(), **fence.spawn_kwargs()
         )
+    return fence.running(process, emit, kind)
+
+
+def start_turn(
+    bwrap: str,
+    plan: FencePlan,
+    emit: Emit,
+    limits: TurnLimits,
+    spawn_here: SpawnHere,
+    inject: FailureHook = no_failure,
+) -> StartingTurn:
+    """``launch_turn``'s first half, on a thread of the caller's (blocking): bubblewrap is
+    started at once, by the thread that waits for it, however busy the event loop is; the
+    returned ``StartingTurn`` is then awaited on the loop. Same seams, same cleanup."""
+    fence = _Fence.prepare(bwrap, plan, limits, inject)
+    with fence.undone_on_failure():
+        spawning = spawn_here((plan.uid, plan.gid), *fence.spawn_args(), **fence.spawn_kwargs())
+    return StartingTurn(fence, spawning, emit)
+
+
+class StartingTurn:
+    """A turn whose bubblewrap ``start_turn`` handed over: ``running`` follows it."""
+
+    def __init__(self, fence: _Fence, spawning: Spawning, emit: Emit) -> None:
+        self._fence = fence
+        self._spawning = spawning
+        self._emit = emit
+
+    async def running(self) -> RunningTurn:
+        """The turn, followed from the running loop (or why bubblewrap could not start)."""
+        with self._fence.undone_on_failure():
+            process = await self._spawning.process()
+        return self._fence.running(process, self._emit, RunningTurn)
+
+
+@dataclass
+class _Fence:
+    """One fence's descriptors, from the paths held to bubblewrap holding its own copies."""
+
+    plan: FencePlan
+    argv: list[str]
+    fds: LaunchFds
+    gate: Gate
+    limits: TurnLimits
+    opened: list[int]
+    kept: tuple[int, int]
+    """The gate's two ends (the status pipe's read end, the block pipe's write end), which
+    outlive the launch: the runner's, or the starting thread's once given away."""
+    master: int | None = None
+    terminal: int | None = None
+
+    @classmethod
+    def prepare(
+        cls,
+        bwrap: str,
+        plan: FencePlan,
+        limits: TurnLimits,
+        inject: FailureHook,
+        extra_fds: tuple[int, ...] = (),
+    ) -> _Fence:
+        """Paths held, pipes, filter and options made (blocking); nothing left on failure."""
+        opened: list[int] = []
+        gate: Gate | None = None
+        with _undone_on_failure(opened, lambda: gate, limits):
+            held = hold_fence(plan, inject)
+            opened += held.fds()
+            status_read, status_write = _pipe(opened)
+            # Born inside its cgroups, the fence waits for nothing: no gate (``fence.gate``).
+            block_read, block_write = (-1, -1) if limits.born_inside else _pipe(opened)
+            gate = Gate(status_read, block_write, limits)
+            script = memory_file("paddock-script", plan.script) if plan.script is not None else None
+            seccomp = syscall_filter.filter_fd(network=plan.network)
+            fds = LaunchFds(
+                status=status_write,
+                block=block_read,
+                gate=block_write,
+                held=held,
+                script=_opened(opened, script),
+                seccomp=_opened(opened, seccomp),
+                extra=extra_fds,
+            )
+            fds = replace(fds, args=_opened(opened, args_fd(bwrap_options(plan, fds))))
+            inject("open-to-launch")
+            argv = bwrap_argv(bwrap, plan, fds, limits.rlimit_prefix(plan.uid))
+            fence = cls(plan, argv, fds, gate, limits, opened, (status_read, block_write))
+            if plan.tty is not None:
+                fence.master, fence.terminal = terminal_pair(plan.tty.rows, plan.tty.cols)
+                opened += (fence.master, fence.terminal)
+        return fence
+
+    def spawn_args(self) -> tuple[list[str], tuple[int, ...], bool, TurnLimits]:
+        return self.argv, self.fds.passed(), self.plan.stdin_open, self.limits
+
+    def spawn_kwargs(self) -> dict[str, Any]:
+        return {"terminal": self.terminal, "gate": self.gate}
+
+    def undone_on_failure(self) -> contextlib.AbstractContextManager[None]:
+        return _undone_on_failure(self.opened, lambda: self.gate, self.limits)
+
+    def running(self, process: FenceProcess, emit: Emit, kind: type[RunningTurn]) -> RunningTurn:
+        """Follow ``process``, which has its own copies now: ours are closed (but the gate's
+        two ends and the pty's master, the runner's or the starting thread's)."""
+        plan, held = self.plan, self.fds.held
+        kept = (*self.kept, self.master)
+        _close_all(fd for fd in self.opened if fd not in kept)
+        sources = {fd: m.source for m, fd in zip(plan.mounts, held.mounts, strict=True) if fd}
+        sources[held.exe] = plan.executable.path
+        return kind(
+            process,
+            self.gate,
+            emit,
+            plan.limits.wall_s,
+            plan.limits.output_mb << 20,
+            lambda tail: explain_setup_failure(tail, sources),
+            terminal=self.master,
+        )
+
+
+@contextlib.contextmanager
+def _undone_on_failure(
+    opened: list[int], gate: Callable[[], Gate | None], limits: TurnLimits | None
+) -> Iterator[None]:
+    """On any failure: what was opened closed (but what the gate gave away), the limits
+    dropped; the failures of the machinery said as the refusal they are."""
+    try:
+        yield
     except (LimitError, LauncherError, ThreadIdsError) as exc:
-        _undo(opened, gate, limits)
+        _undo(opened, gate(), limits)
         raise RefusedError(refusals.backend_unavailable(str(exc))) from exc
     except OSError as exc:
-        _undo(opened, gate, limits)
+        _undo(opened, gate(), limits)
         raise RefusedError(
             refusals.backend_unavailable(f"could not start bubblewrap: {exc}")
         ) from exc
     except BaseException:
-        _undo(opened, gate, limits)
+        _undo(opened, gate(), limits)
         raise
-    # The gate's two ends and the pty's master stay (the runner's, or the thread's that started
-    # bubblewrap); bwrap has the rest.
-    _close_all(fd for fd in opened if fd not in (status_read, block_write, master))
-    sources = {fd: m.source for m, fd in zip(plan.mounts, held.mounts, strict=True) if fd}
-    sources[held.exe] = plan.executable.path
-    return kind(
-        process,
-        gate,
-        emit,
-        plan.limits.wall_s,
-        plan.limits.output_mb << 20,
-        lambda tail: explain_setup_failure(tail, sources),
-        terminal=master,
-    )
 
 
 def _undo(opened: list[int], gate: Gate | None, limits: TurnLimits | None) -> None:

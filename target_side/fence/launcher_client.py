@@ -142,6 +142,9 @@ class ViaLauncher:
         repaired = reply.get("repaired")
         return repaired if isinstance(repaired, str) else None
 
+    def spawn_here(self, loop: asyncio.AbstractEventLoop) -> None:
+        return None  # the launcher starts it, asked over its socket
+
     def home_here(
         self, state_root: Path, role: str, ids: tuple[int, int]
     ) -> Callable[[], str | None] | None:

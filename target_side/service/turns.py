@@ -66,7 +66,13 @@ from target_side.fence.held import FailureHook, no_failure
 from target_side.fence.home import open_state_root
 from target_side.fence.identity import InProcess, for_settings
 from target_side.fence.identity import warm as warm_spawning
-from target_side.fence.launch import env_default_signal, find_bwrap, launch_turn
+from target_side.fence.launch import (
+    StartingTurn,
+    env_default_signal,
+    find_bwrap,
+    launch_turn,
+    start_turn,
+)
 from target_side.fence.limits import Limiter, Totals, TurnLimits
 from target_side.fence.nursery import Worker, send_away
 from target_side.fence.runner import Outcome, RunningTurn
@@ -104,6 +110,8 @@ KILL_WAIT_S = 10.0
 LAUNCH_FAILED = "the target failed to launch this turn; the target's log says why"
 BLOCKING_THREADS = 64
 """Threads for the blocking steps of turns (mostly waiting on the kernel, not on Python)."""
+BOOKKEEPING_WAIT_S = 1.0
+"""How long a started turn's bookkeeping on the loop waits for the turns being planned."""
 PLANNING_THREADS = 8
 """Threads that make and plan new turns: a burst's turns go through a few at a time, first
 come first launched, rather than all at once on the blocking pool (``_planning``)."""
@@ -156,6 +164,9 @@ class Planned:
     """With ``home_ready``: what had to be repaired in the home, if anything."""
     limits: TurnLimits | None = None
     """The turn's cgroups, until its launch takes them over (``drop`` them if it never does)."""
+    starting: StartingTurn | None = None
+    """Its bubblewrap, started on the thread that planned it (which then took the cgroups
+    over), where nothing had to be asked on the event loop first: ``_start_here``."""
 
     def drop(self) -> None:
         """The turn will not be launched: its cgroups go (blocking, briefly)."""
@@ -200,6 +211,10 @@ class TurnManager:
         self._watch: asyncio.Task[None] | None = None
         self._disk_news = asyncio.Event()
         self._planning = ThreadPoolExecutor(PLANNING_THREADS, thread_name_prefix="paddock-plan")
+        self._planning_now = 0
+        """Turns handed to the planning threads and not yet back."""
+        self._planning_idle = asyncio.Event()
+        self._planning_idle.set()
         self.sessions = SessionManager(self)
 
     @property
@@ -363,12 +378,11 @@ class TurnManager:
             no_lease = exc  # refused all the same, once its spool is there to say so
         # Taken here (the nursery is the event loop's), used on the planning thread.
         worker = self.limiter.take_worker()
+        loop = asyncio.get_running_loop()
         try:
             # Off the event loop: the spool is made, planning walks paths and searches
-            # writable mounts, and the turn's cgroups are made.
-            planned = await asyncio.get_running_loop().run_in_executor(
-                self._planning, self._make_and_plan, record, request, no_lease, worker
-            )
+            # writable mounts, the turn's cgroups are made, and its bubblewrap started.
+            planned = await self._planned(record, request, no_lease, worker, loop)
         except StorageError as exc:
             # The turn's spool could not be made: nothing was, and the disk says why.
             self._forget(record)
@@ -543,17 +557,52 @@ class TurnManager:
         if record.stored.idempotency is not None:
             self._idempotency.pop(record.stored.idempotency, None)
 
+    async def _planned(
+        self,
+        record: TurnRecord,
+        request: TurnRequest,
+        refused: RefusedError | None,
+        worker: Worker | None,
+        loop: asyncio.AbstractEventLoop,
+    ) -> Planned:
+        """``_make_and_plan`` on a planning thread, counted while it is there."""
+        self._planning_now += 1
+        self._planning_idle.clear()
+        try:
+            return await loop.run_in_executor(
+                self._planning, self._make_and_plan, record, request, loop, refused, worker
+            )
+        finally:
+            self._planning_now -= 1
+            if not self._planning_now:
+                self._planning_idle.set()
+
+    async def _after_planning(self) -> None:
+        """Until no turn is being planned (at most ``BOOKKEEPING_WAIT_S``).
+
+        A turn started on its planning thread runs already; what the loop does
+        for it next (its pipes connected, its start recorded and streamed) can
+        wait for the turns behind it to be started too. In a burst, all of that
+        work is what the last turn's start would otherwise wait behind.
+        """
+        if self._planning_now and not self._stopping:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(BOOKKEEPING_WAIT_S):
+                    await self._planning_idle.wait()
+
     def _make_and_plan(
         self,
         record: TurnRecord,
         request: TurnRequest,
+        loop: asyncio.AbstractEventLoop,
         refused: RefusedError | None = None,
         worker: Worker | None = None,
     ) -> Planned:
         """The turn's spool made on disk, its fence planned, its role's home made where that
-        needs no one else, and its cgroups made (blocking; with ``worker``'s slot if one was
-        taken, which is sent away if the turn goes no further); ``refused`` (decided before)
-        is raised once the spool is there."""
+        needs no one else, its cgroups made (blocking; with ``worker``'s slot if one was
+        taken, which is sent away if the turn goes no further), and its bubblewrap started
+        where that needs nothing of ``loop``'s (``_start_here``); ``refused`` (decided
+        before) is raised once the spool is there."""
         try:
             record.spool.create(report=False)
             if refused is not None:
@@ -569,7 +618,37 @@ class TurnManager:
             )
         except LimitError as exc:
             raise RefusedError(refusals.backend_unavailable(str(exc))) from exc
+        self._start_here(record, planned, request, loop)
         return planned
+
+    def _start_here(
+        self,
+        record: TurnRecord,
+        planned: Planned,
+        request: TurnRequest,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        """Start the turn's bubblewrap on this (planning) thread, if nothing of the event
+        loop's is needed first: the role's home made here, no lease to check again at launch
+        (the lease book is the loop's), a server that starts its fences itself.
+
+        A burst's turns wait for the loop (a few hundred of them, for hundreds of
+        milliseconds); started here, each turn's command runs while the loop catches up,
+        and its output waits in its pipes until the loop connects them.
+        """
+        spawn_here = self.identity.spawn_here(loop)
+        limits = planned.limits
+        if spawn_here is None or limits is None or not planned.home_ready or request.lease:
+            return
+        try:
+            bwrap = self._bwrap_or_refuse()
+        except RefusedError:
+            planned.drop()
+            raise
+        planned.limits = None  # the launch's from here
+        planned.starting = start_turn(
+            bwrap, planned.plan, record.spool.append, limits, spawn_here, self._inject
+        )
 
     def _planned_with_home(self, plan: FencePlan) -> Planned:
         make_home = self.identity.home_here(
@@ -584,6 +663,12 @@ class TurnManager:
 
     async def _launch(self, record: TurnRecord, planned: Planned, request: TurnRequest) -> None:
         plan = planned.plan
+        if planned.starting is not None:
+            await self._after_planning()
+            if planned.repaired is not None:
+                record.spool.append_kept("notice", message=planned.repaired)
+            await self._launched(record, plan, await planned.starting.running())
+            return
         try:
             # Again at launch: a seat taken over while the turn was planned refuses it.
             self.leases.admit(request.role, request.lease)
@@ -595,7 +680,10 @@ class TurnManager:
         if repaired is not None:
             record.spool.append_kept("notice", message=repaired)
         limits, planned.limits = planned.limits, None  # the launch's from here
-        running = await self._spawn(bwrap, plan, record.spool, limits)
+        await self._launched(record, plan, await self._spawn(bwrap, plan, record.spool, limits))
+
+    async def _launched(self, record: TurnRecord, plan: FencePlan, running: RunningTurn) -> None:
+        """Its process started: the turn's start recorded, and the turn followed."""
         record.running = running
         # When it began, not when the loop got here: under load that can be a second later.
         record.update(started_at=_on_the_clock(running.started_at), executable=plan.executable)
@@ -951,6 +1039,7 @@ class TurnManager:
         is recorded as ended, or ``KILL_WAIT_S`` after the kill at most.
         """
         self._stopping = True
+        self._planning_idle.set()  # nothing started waits to be followed, and killed
         loop = asyncio.get_running_loop()
         if self._running:
             log.info("stopping: %d turn(s) running, waiting up to %g s", self._running, grace_s)
