@@ -174,14 +174,18 @@ class RunningTurn:
 
     async def wait(self) -> Outcome:
         """Stream output until the turn ends (or its wall time runs out), then say how it ended."""
-        pumps = asyncio.gather(
-            self._pump(self._proc.stdout, "stdout"),
-            self._pump(self._proc.stderr, "stderr"),
-            self._pump(await self._terminal_task if self._terminal_task else None, "stdout"),
+        terminal = await self._terminal_task if self._terminal_task else None
+        streams = (
+            (self._proc.stdout, "stdout"),
+            (self._proc.stderr, "stderr"),
+            (terminal, "stdout"),
         )
+        pumps = asyncio.gather(*(self._pump(s, kind) for s, kind in streams if s is not None))
         try:
             left = self._started_at + self._wall_s - time.monotonic()
-            await asyncio.wait_for(asyncio.shield(self._proc.wait()), max(left, 0.0))
+            # The process's wait is shielded itself: running out of time only stops waiting.
+            async with asyncio.timeout(max(left, 0.0)):
+                await self._proc.wait()
         except TimeoutError:
             self._timed_out = True
             self._emit(
@@ -260,10 +264,8 @@ class RunningTurn:
         why = "the fence could not be set up"
         return refusals.backend_unavailable(why)
 
-    async def _pump(self, stream: asyncio.StreamReader | None, kind: str) -> None:
+    async def _pump(self, stream: asyncio.StreamReader, kind: str) -> None:
         """The stream's bytes as output events, as read: never decoded, escaped or encoded."""
-        if stream is None:
-            return
         whole = WholeCharacters()
         while chunk := await stream.read(pipes.READ_BYTES):
             if kind == "stderr":
