@@ -1617,6 +1617,13 @@ MUTATIONS += (
         ("tests/test_start_here.py -k bookkeeping_waits",),
     ),
     Mutation(
+        "planning-threads-failure-leaves-the-turn-without-an-end",
+        "target_side/service/turns.py",
+        '            log.exception("turn %s: the target failed to plan or start it", record.turn.turn_id)',
+        "            raise",
+        ("tests/test_start_here.py -k targets_own",),
+    ),
+    Mutation(
         "started-turns-bookkeeping-waits-for-ever",
         "target_side/service/turns.py",
         "                async with asyncio.timeout(BOOKKEEPING_WAIT_S):",

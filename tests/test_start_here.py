@@ -113,3 +113,30 @@ def test_a_started_turns_bookkeeping_waits_for_the_turns_being_planned(
 def test_it_waits_a_second_at_most(tmp_path: Path, ca: trustme.CA) -> None:
     took = _two_turns(tmp_path, ca, held_s=5.0)
     assert BOOKKEEPING_WAIT_S - 0.1 <= took < BOOKKEEPING_WAIT_S + 1.5
+
+
+def test_a_failure_on_the_planning_thread_ends_the_turn_as_the_targets_own(
+    tmp_path: Path, ca: trustme.CA
+) -> None:
+    failing = {"on": True}
+
+    def at(step: str) -> None:
+        if failing["on"] and step == "open-to-launch":
+            raise RuntimeError("a fault of the target's own, not of the turn")
+
+    app = create_app(make_settings(Path(canonical_path(tmp_path)), ca), inject=at)
+
+    async def scenario() -> tuple[int, dict[str, object], int]:
+        async with served(app) as c:
+            made = await c.post("/v1/turns", json={"role": "builder", "argv": ["true"]})
+            turn = (await c.get(f"/v1/turns/{made.json()['turn_id']}")).json()
+            failing["on"] = False
+            # Nothing is left counted against the caps: the next turn runs.
+            after = await c.post("/v1/turns", json={"role": "builder", "argv": ["true"]})
+            return made.status_code, turn, after.status_code
+
+    status, turn, after = asyncio.run(scenario())
+    assert status == 201
+    assert turn["state"] == "exited" and turn["exit_code"] == 125
+    assert after == 201
+    assert app.state.manager._running == 0

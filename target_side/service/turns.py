@@ -394,6 +394,12 @@ class TurnManager:
                 record, Outcome(refused.refusal.exit_code, refusal=refused.refusal), request
             )
             return record.turn
+        except Exception:
+            # Its bubblewrap may have been starting there: as a launch that failed.
+            log.exception("turn %s: the target failed to plan or start it", record.turn.turn_id)
+            failed = Outcome(ExitStatus.PADDOCK_FAILED, failure=LAUNCH_FAILED)
+            await self._finish(record, failed, request)
+            return record.turn
         try:
             await self._launch(record, planned, request)
         except RefusedError as refused:
