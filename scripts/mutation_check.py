@@ -710,6 +710,13 @@ MUTATIONS += (
         "        except BaseException:\n            planned.drop()\n            raise\n",
         "        except BaseException:\n            raise\n",
         ("tests/test_nursery.py -k leave_none_behind",),
+        # The same rule where the planning thread starts the turn itself.
+        also=(
+            (
+                "        except RefusedError:\n            planned.drop()\n            raise\n",
+                "        except RefusedError:\n            raise\n",
+            ),
+        ),
     ),
     Mutation(
         "log-queue-unbounded",
