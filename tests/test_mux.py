@@ -252,8 +252,10 @@ def test_mux_target_gone_matches_a_run_without_it(mux: Mux, flags: list[str]) ->
         mux.warm(**via)
         assert mux.paddock("run", "--", "true", **via).returncode == 0
     finally:
+        # The target is gone from where the multiplexer reached it: nothing new accepted,
+        # then every connection accepted so far (the pooled one too) dropped.
+        proxy.close()
         proxy.drop_all()
-        proxy.close()  # the target is gone from where the multiplexer reached it
     direct = mux.paddock("run", *flags, "--no-mux", "--", "true", **via)
     muxed = mux.paddock("run", *flags, "--", "true", **via)
     assert muxed.returncode == direct.returncode == 125
@@ -370,12 +372,7 @@ class DroppingProxy(CuttingProxy):
     """``CuttingProxy`` that can also drop every connection it carries, idle ones included."""
 
     def __init__(self, upstream_port: int, seed: int) -> None:
-        self._clients: list[socket.socket] = []
         super().__init__(upstream_port, seed, cuts=0)
-
-    def _serve(self, client: socket.socket, budget: int | None) -> None:
-        self._clients.append(client)
-        super()._serve(client, budget)
 
     def drop_all(self) -> None:
         for client in self._clients:

@@ -25,6 +25,8 @@ class CuttingProxy:
         self._upstream = upstream_port
         self._random = random.Random(seed)
         self.cuts_left = cuts
+        self._clients: list[socket.socket] = []
+        """Every connection accepted, listed before it is served (``close`` waits for the list)."""
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._stop = threading.Event()
@@ -38,6 +40,7 @@ class CuttingProxy:
                 client, _ = self._listener.accept()
             except TimeoutError:
                 continue
+            self._clients.append(client)
             budget = None
             if self.cuts_left > 0:
                 self.cuts_left -= 1
