@@ -1579,7 +1579,7 @@ MUTATIONS += (
     Mutation(
         "home-seen-right-whatever-its-mode",
         "target_side/fence/home.py",
-        "        return (st.st_uid, st.st_gid) == (uid, gid) and stat.S_IMODE(st.st_mode) == 0o700",
+        "        return (st.st_uid, st.st_gid) == (uid, gid) and stat.S_IMODE(st.st_mode) == HOME_MODE",
         "        return (st.st_uid, st.st_gid) == (uid, gid)",
         ("tests/test_home.py -k mode",),
     ),

@@ -37,6 +37,10 @@ log = logging.getLogger("paddock.target")
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 HOME = "home"
 SEARCHABLE = 0o711
+"""The server's directories above a home: searched by anyone, listed by no one."""
+HOME_MODE = 0o700
+OTHERS_SEARCH = 0o011
+"""What the state root must let group and others do: search it, on the way to a home."""
 
 
 def open_state_root(state_root: Path) -> None:
@@ -51,8 +55,12 @@ def open_state_root(state_root: Path) -> None:
 
 def _at_least_searchable(fd: int) -> None:
     mode = stat.S_IMODE(os.fstat(fd).st_mode)
-    if mode & 0o011 != 0o011:
-        os.fchmod(fd, (mode | 0o011) & ~0o066)
+    if not _searchable(mode):
+        os.fchmod(fd, (mode | OTHERS_SEARCH) & ~0o066)
+
+
+def _searchable(mode: int) -> bool:
+    return mode & OTHERS_SEARCH == OTHERS_SEARCH
 
 
 FixMode = Callable[[int, int], None]
@@ -116,7 +124,7 @@ def _as_it_should_be(
     try:
         opened.append(os.open(state_root, DIR_FLAGS))
         st = os.fstat(opened[-1])
-        if st.st_uid != owner[0] or st.st_mode & 0o011 != 0o011:
+        if st.st_uid != owner[0] or not _searchable(st.st_mode):
             return False
         for name in ("roles", role):
             opened.append(os.open(name, DIR_FLAGS, dir_fd=opened[-1]))
@@ -125,7 +133,7 @@ def _as_it_should_be(
                 return False
         opened.append(os.open(HOME, DIR_FLAGS, dir_fd=opened[-1]))
         st = os.fstat(opened[-1])
-        return (st.st_uid, st.st_gid) == (uid, gid) and stat.S_IMODE(st.st_mode) == 0o700
+        return (st.st_uid, st.st_gid) == (uid, gid) and stat.S_IMODE(st.st_mode) == HOME_MODE
     except OSError:
         return False
     finally:
@@ -174,8 +182,8 @@ def _home(parent: int, where: str, uid: int, gid: int, fix_mode: FixMode) -> str
             fd = -1
             repaired = _move_aside(parent, where, f"belonged to uid {st.st_uid}, not {uid}")
             fd = _make(parent, uid, gid)
-        elif stat.S_IMODE(st.st_mode) != 0o700:
-            fix_mode(fd, 0o700)
+        elif stat.S_IMODE(st.st_mode) != HOME_MODE:
+            fix_mode(fd, HOME_MODE)
     finally:
         if fd >= 0:
             os.close(fd)
@@ -189,10 +197,12 @@ def _make(parent: int, uid: int, gid: int) -> int:
     not yet its role's (made, but not yet handed over).
     """
     staging = f".{HOME}.new-{os.urandom(6).hex()}"
-    os.mkdir(staging, 0o700, dir_fd=parent)
+    os.mkdir(staging, HOME_MODE, dir_fd=parent)
     try:
         fd = os.open(staging, DIR_FLAGS, dir_fd=parent)
-        os.fchmod(fd, 0o700)  # before the chown: changing the mode of another's needs CAP_FOWNER
+        os.fchmod(
+            fd, HOME_MODE
+        )  # before the chown: changing the mode of another's needs CAP_FOWNER
         os.fchown(fd, uid, gid)
         os.close(fd)
         os.rename(staging, HOME, src_dir_fd=parent, dst_dir_fd=parent)

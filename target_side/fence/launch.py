@@ -28,7 +28,7 @@ import signal
 import subprocess
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TypeVar
 
 from shared.wire import Refusal
 from target_side.errors import (
@@ -54,6 +54,8 @@ from target_side.fence.runner import Emit, RunningTurn, set_terminal_size
 from target_side.policy import refusals
 from target_side.policy.mounts import Mount
 from target_side.policy.plan import FencePlan
+
+T = TypeVar("T")
 
 TRUSTED_BIN_PATH = BWRAP_ENV["PATH"]
 """Where bwrap is looked for: never the server's own $PATH, which the environment could bend."""
@@ -333,9 +335,7 @@ async def launch_turn(
             limits = limiter.for_turn(plan.turn_id, plan.limits)
     fence = _Fence.prepare(bwrap, plan, limits, inject, extra_fds)
     with fence.undone_on_failure():
-        process = await starter.spawn(
-            plan.role, (plan.uid, plan.gid), *fence.spawn_args(), **fence.spawn_kwargs()
-        )
+        process = await fence.start_with(starter.spawn, plan.role, (plan.uid, plan.gid))
     return fence.running(process, emit, kind)
 
 
@@ -352,7 +352,7 @@ def start_turn(
     returned ``StartingTurn`` is then awaited on the loop. Same seams, same cleanup."""
     fence = _Fence.prepare(bwrap, plan, limits, inject)
     with fence.undone_on_failure():
-        spawning = spawn_here((plan.uid, plan.gid), *fence.spawn_args(), **fence.spawn_kwargs())
+        spawning = fence.start_with(spawn_here, (plan.uid, plan.gid))
     return StartingTurn(fence, spawning, emit)
 
 
@@ -426,11 +426,17 @@ class _Fence:
                 opened += (fence.master, fence.terminal)
         return fence
 
-    def spawn_args(self) -> tuple[list[str], tuple[int, ...], bool, TurnLimits]:
-        return self.argv, self.fds.passed(), self.plan.stdin_open, self.limits
-
-    def spawn_kwargs(self) -> dict[str, Any]:
-        return {"terminal": self.terminal, "gate": self.gate}
+    def start_with(self, start: Callable[..., T], *first: object) -> T:
+        """``start`` (a spawn, or its first half) called with ``first`` and this fence."""
+        return start(
+            *first,
+            self.argv,
+            self.fds.passed(),
+            self.plan.stdin_open,
+            self.limits,
+            terminal=self.terminal,
+            gate=self.gate,
+        )
 
     def undone_on_failure(self) -> contextlib.AbstractContextManager[None]:
         return _undone_on_failure(self.opened, lambda: self.gate, self.limits)
