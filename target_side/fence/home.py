@@ -200,9 +200,8 @@ def _make(parent: int, uid: int, gid: int) -> int:
     os.mkdir(staging, HOME_MODE, dir_fd=parent)
     try:
         fd = os.open(staging, DIR_FLAGS, dir_fd=parent)
-        os.fchmod(
-            fd, HOME_MODE
-        )  # before the chown: changing the mode of another's needs CAP_FOWNER
+        # Before the chown: changing the mode of another's needs CAP_FOWNER.
+        os.fchmod(fd, HOME_MODE)
         os.fchown(fd, uid, gid)
         os.close(fd)
         os.rename(staging, HOME, src_dir_fd=parent, dst_dir_fd=parent)
