@@ -12,6 +12,7 @@ again after its ``Retry-After``, for up to ``RetryPolicy.busy_s``), and
 from __future__ import annotations
 
 import functools
+import http.cookiejar
 import math
 import ssl
 import time
@@ -195,6 +196,7 @@ class TargetClient:
             trust_env=False,
             follow_redirects=False,
             headers={"User-Agent": f"paddock/{__version__}"},
+            cookies=_NoCookies(),
         )
         self._closed = False
 
@@ -753,6 +755,18 @@ def _turn_id_at(response: httpx.Response) -> str:
             f"a submission answered with frames but Location {location!r}, not /v1/turns/TURN"
         )
     return turn_id
+
+
+class _NoCookies(http.cookiejar.CookieJar):
+    """A jar that keeps nothing: the token is the client's one credential, and whatever
+    answers (a target, or something in the way) carries no state of its own into the next
+    request. A response's headers are not even parsed for cookies."""
+
+    def extract_cookies(self, response: object, request: object) -> None:
+        pass
+
+    def set_cookie(self, cookie: http.cookiejar.Cookie) -> None:
+        pass
 
 
 def _require_event_stream(response: httpx.Response) -> None:

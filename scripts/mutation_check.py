@@ -1894,6 +1894,17 @@ USAGE = (
 )
 
 
+MUTATIONS += (
+    Mutation(
+        "client-keeps-a-targets-cookies",
+        "agent_side/client.py",
+        "            cookies=_NoCookies(),\n",
+        "",
+        ("tests/test_client.py -k cookie",),
+    ),
+)
+
+
 def main() -> int:
     names = sys.argv[1:]
     known = {m.name for m in MUTATIONS}

@@ -249,6 +249,25 @@ def test_client_roles_sends_the_token(scripted: Scripted) -> None:
     assert scripted.seen[0].headers["Authorization"] == f"Bearer {TOKEN}"
 
 
+def test_client_sends_back_no_cookie_a_target_set(scripted: Scripted) -> None:
+    # The token is the only credential: whatever answered (a target, or something in the
+    # way) gets no state of its own carried into the client's next requests.
+    def setting_a_cookie(handler: Handler, _seen: Seen) -> None:
+        body = json.dumps({"roles": ["a"]}).encode()
+        handler.send_response(200)
+        handler.send_header("Set-Cookie", "planted=1; Path=/")
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    scripted.routes["GET", "/v1/roles"] = setting_a_cookie
+    with client_for(scripted) as client:
+        client.roles()
+        client.roles()
+    assert [s.headers.get("Cookie") for s in scripted.seen] == [None, None]
+
+
 def test_client_roles_of_a_target_without_the_route_says_to_name_one(scripted: Scripted) -> None:
     scripted.routes["GET", "/v1/roles"] = problem(404, "Not Found")
     with client_for(scripted) as client, pytest.raises(ProtocolError, match="--role R"):
