@@ -1902,6 +1902,13 @@ MUTATIONS += (
         "",
         ("tests/test_client.py -k cookie",),
     ),
+    Mutation(
+        "turn-started-without-waiting-for-its-spool",
+        "target_side/service/turns.py",
+        "                making.result()  # nothing decided or made before the spool is there",
+        "                pass  # nothing decided or made before the spool is there",
+        ("tests/test_disk_full.py -k spool_the_disk",),
+    ),
 )
 
 

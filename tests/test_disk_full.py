@@ -4,10 +4,12 @@ other turns still get their ends, new turns get 503, and freeing space brings it
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,12 +31,22 @@ FILLER = ["sh", "-c", "yes 0123456789abcdef0123456789abcdef"]
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
+    yield from _tmpfs_state(tmp_path, "size=4m,mode=0700")
+
+
+@pytest.fixture
+def few_inodes(tmp_path: Path) -> Iterator[Path]:
+    """Space to spare, but room for only a few hundred files and directories."""
+    yield from _tmpfs_state(tmp_path, "size=4m,nr_inodes=400,mode=0700")
+
+
+def _tmpfs_state(tmp_path: Path, options: str) -> Iterator[Path]:
     if os.getuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
     state = Path(canonical_path(tmp_path)) / "state"
     state.mkdir()
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(state)],
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(state)],
         capture_output=True,
         text=True,
     )
@@ -180,3 +192,33 @@ def test_a_nearly_full_disk_refuses_new_turns_before_any_write_fails(
             assert again.status_code == 201, again.text
     finally:
         target.kill()
+
+
+def test_a_spool_the_disk_cannot_make_leaves_nothing_of_the_turn(
+    tmp_path: Path, few_inodes: Path
+) -> None:
+    """No inode left for the turn's spool (made while the turn is planned): the submission
+    gets 503 naming the disk, and nothing of the turn happened or stays counted."""
+    root = Path(canonical_path(tmp_path))
+    config, url = write_config(root, state=few_inodes)
+    target = TargetProcess.start(config, url, root / "target.log")
+    ran = root / "ws" / "ran"
+    try:
+        with target.client() as c:
+            _use_every_inode(few_inodes / "ballast")
+            refused = c.post("/v1/turns", json={"role": "builder", "argv": ["touch", str(ran)]})
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["reason"] == "disk"
+            assert "event spool" in refused.json()["detail"]
+            assert c.get("/v1/turns").json() == []
+            time.sleep(0.5)  # a command started regardless would have run by now
+            assert not ran.exists()
+    finally:
+        target.kill()
+
+
+def _use_every_inode(directory: Path) -> None:
+    directory.mkdir()
+    with contextlib.suppress(OSError):
+        for n in itertools.count():
+            (directory / str(n)).touch()
