@@ -197,8 +197,8 @@ def test_a_nearly_full_disk_refuses_new_turns_before_any_write_fails(
 def test_a_spool_the_disk_cannot_make_leaves_nothing_of_the_turn(
     tmp_path: Path, few_inodes: Path
 ) -> None:
-    """No inode left for the turn's spool (made while the turn is planned): the submission
-    gets 503 naming the disk, and nothing of the turn happened or stays counted."""
+    """No inode left for the turn's spool: the submission gets 503 naming the disk, and
+    nothing of the turn happened or stays counted."""
     root = Path(canonical_path(tmp_path))
     config, url = write_config(root, state=few_inodes)
     target = TargetProcess.start(config, url, root / "target.log")

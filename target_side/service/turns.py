@@ -115,8 +115,6 @@ BOOKKEEPING_WAIT_S = 1.0
 PLANNING_THREADS = 8
 """Threads that make and plan new turns: a burst's turns go through a few at a time, first
 come first launched, rather than all at once on the blocking pool (``_planning``)."""
-SPOOL_THREADS = 2
-"""Threads that make new turns' spools while their turns are planned (``_spools``)."""
 
 
 @dataclass
@@ -213,7 +211,6 @@ class TurnManager:
         self._watch: asyncio.Task[None] | None = None
         self._disk_news = asyncio.Event()
         self._planning = ThreadPoolExecutor(PLANNING_THREADS, thread_name_prefix="paddock-plan")
-        self._spools = ThreadPoolExecutor(SPOOL_THREADS, thread_name_prefix="paddock-spool")
         self._planning_now = 0
         """Turns handed to the planning threads and not yet back."""
         self._planning_idle = asyncio.Event()
@@ -612,17 +609,11 @@ class TurnManager:
         taken, which is sent away if the turn goes no further), and its bubblewrap started
         where that needs nothing of ``loop``'s (``_start_here``); ``refused`` (decided
         before) is raised once the spool is there."""
-        # The spool is made meanwhile (a directory and a file: on a disk slow to allocate
-        # inodes, the planning's length again), never a thread the planning holds.
-        making = self._spools.submit(record.spool.create, report=False)
         try:
-            try:
-                if refused is not None:
-                    raise refused
-                plan = self.plan(request, record.turn.turn_id)
-            finally:
-                making.result()  # nothing decided or made before the spool is there to say so
-            planned = self._planned_with_home(plan)
+            record.spool.create(report=False)
+            if refused is not None:
+                raise refused
+            planned = self._planned_with_home(self.plan(request, record.turn.turn_id))
         except BaseException:
             if worker is not None:
                 send_away(worker)
@@ -1102,7 +1093,6 @@ class TurnManager:
             record.spool.close()
         await asyncio.to_thread(self.limiter.close)
         self._planning.shutdown(wait=False)
-        self._spools.shutdown(wait=False)
         self._release_lock()
 
     def _release_lock(self) -> None:
