@@ -39,6 +39,7 @@ HOME = "home"
 SEARCHABLE = 0o711
 """The server's directories above a home: searched by anyone, listed by no one."""
 HOME_MODE = 0o700
+"""A home: its role's alone."""
 OTHERS_SEARCH = 0o011
 """What the state root must let group and others do: search it, on the way to a home."""
 
