@@ -1903,6 +1903,13 @@ MUTATIONS += (
         ("tests/test_client.py -k cookie",),
     ),
     Mutation(
+        "turn-waits-for-pipes-held-outside-it",
+        "target_side/fence/runner.py",
+        "await asyncio.wait(reading.values(), timeout=DRAIN_S)",
+        "await asyncio.wait(reading.values(), timeout=None)",
+        ("tests/test_drain.py",),
+    ),
+    Mutation(
         "turn-started-without-its-spool",
         "target_side/service/turns.py",
         "            record.spool.create(report=False)\n",

@@ -346,6 +346,8 @@ class LocalProcess:
         self._reaper: int | None = None
         self._reaper_pid: int | None = None
         self._pid_ns: int | None = None
+        self._pipes: list[asyncio.BaseTransport] = []
+        """Its output's read ends: closed by their ends of file, or by ``release``."""
 
     @classmethod
     async def started(
@@ -371,10 +373,11 @@ class LocalProcess:
                 readers.append(None)
                 continue
             reader = asyncio.StreamReader(limit=pipes.READ_BYTES)
-            await loop.connect_read_pipe(
+            read_end, _ = await loop.connect_read_pipe(
                 lambda r=reader: asyncio.StreamReaderProtocol(r),  # type: ignore[misc]
                 pipe,
             )
+            this._pipes.append(read_end)
             readers.append(reader)
         this.stdout, this.stderr = readers
         return this
@@ -435,3 +438,5 @@ class LocalProcess:
             if fd is not None:
                 os.close(fd)
         self._reaper = self._pidfd = None
+        for pipe in self._pipes:
+            pipe.close()  # where a holder outside the turn kept it from its end of file

@@ -184,6 +184,8 @@ class LaunchedProcess:
         self._returncode: int | None = None
         self._ended = asyncio.get_running_loop().create_future()
         self._replies: deque[asyncio.Future[dict[str, Any]]] = deque()
+        self._pipes: list[asyncio.BaseTransport] = []
+        """Its output's read ends: closed by their ends of file, or by ``release``."""
         self._reader = asyncio.create_task(self._read())
 
     @property
@@ -200,9 +202,10 @@ class LaunchedProcess:
         readers = []
         for fd in ours:
             reader = asyncio.StreamReader(limit=pipes.READ_BYTES)
-            await loop.connect_read_pipe(
+            read_end, _ = await loop.connect_read_pipe(
                 functools.partial(asyncio.StreamReaderProtocol, reader), os.fdopen(fd, "rb", 0)
             )
+            self._pipes.append(read_end)
             readers.append(reader)
         if readers:  # none for a terminal turn: its output is the pty's
             self.stdout, self.stderr = readers
@@ -273,6 +276,8 @@ class LaunchedProcess:
     def release(self) -> None:
         if self.stdin is not None:
             self.stdin.close()
+        for pipe in self._pipes:
+            pipe.close()  # where a holder outside the turn kept it from its end of file
         if not self._reader.done():
             self._reader.cancel()
         with contextlib.suppress(OSError):

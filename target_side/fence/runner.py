@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import errno
 import fcntl
+import logging
 import os
 import signal
 import struct
@@ -29,6 +30,7 @@ import termios
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from shared.exit_status import ExitStatus, for_signal, signal_of
 from shared.wire import Refusal
@@ -39,7 +41,13 @@ from target_side.fence.identity import FenceProcess
 from target_side.fence.limits import Usage
 from target_side.policy import refusals
 
+log = logging.getLogger("paddock.target")
+
 STDERR_TAIL = 4096
+DRAIN_S = 5.0
+"""Once the turn's process was reaped, how long its output and status pipes get to close.
+Nothing of a turn outlives that (its pid namespace dies with its reaper), so a pipe still
+open after this is held by a process outside the turn: the turn ends all the same."""
 SIGNALS = {
     "INT": signal.SIGINT,
     "TERM": signal.SIGTERM,
@@ -194,8 +202,7 @@ class RunningTurn:
             self.kill()
         try:
             await self._proc.wait()
-            await pumps
-            await self._status_task
+            await self._drained(pumps)
         finally:
             self._close_gate()
             self._close_terminal()
@@ -204,6 +211,31 @@ class RunningTurn:
         outcome = self._outcome(self._proc.returncode or 0)
         outcome.cpu_s, outcome.max_rss_kb = usage.cpu_s, usage.max_rss_kb
         return outcome
+
+    async def _drained(self, pumps: asyncio.Future[list[None]]) -> None:
+        """The output and the status read to their ends, or given up on after ``DRAIN_S``."""
+        reading: dict[str, asyncio.Future[Any]] = {"output": pumps, "status": self._status_task}
+        _, pending = await asyncio.wait(reading.values(), timeout=DRAIN_S)
+        if pending:
+            held = " and ".join(name for name, task in reading.items() if task in pending)
+            log.error(
+                "bubblewrap %d was reaped %g s ago, but its %s pipe is still open: held by a "
+                "process outside the turn; no longer read",
+                self._proc.pid,
+                DRAIN_S,
+                held,
+            )
+            self._emit(
+                "notice",
+                message=f"the turn's {held} pipe was still open {DRAIN_S:g} s after it ended, "
+                "held by a process outside the turn; the target stopped reading it there",
+            )
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            return
+        await pumps
+        await self._status_task
 
     def _emit(self, kind: str, **fields: object) -> None:
         """Spool one event; output the spool cannot keep ends the turn, rather than go missing."""
