@@ -1626,7 +1626,7 @@ MUTATIONS += (
     Mutation(
         "planning-threads-failure-leaves-the-turn-without-an-end",
         "target_side/service/turns.py",
-        '            log.exception("turn %s: the target failed to plan or start it", record.turn.turn_id)',
+        '            await self._failed_launch(record, request, "plan or start")\n            return record.turn',
         "            raise",
         ("tests/test_start_here.py -k targets_own",),
     ),

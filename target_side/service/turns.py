@@ -390,28 +390,35 @@ class TurnManager:
             self._storage_failed(exc)
             raise self._disk_unavailable() from None
         except RefusedError as refused:
-            await self._finish(
-                record, Outcome(refused.refusal.exit_code, refusal=refused.refusal), request
-            )
+            await self._refused(record, refused, request)
             return record.turn
         except Exception:
             # Its bubblewrap may have been starting there: as a launch that failed.
-            log.exception("turn %s: the target failed to plan or start it", record.turn.turn_id)
-            failed = Outcome(ExitStatus.PADDOCK_FAILED, failure=LAUNCH_FAILED)
-            await self._finish(record, failed, request)
+            await self._failed_launch(record, request, "plan or start")
             return record.turn
         try:
             await self._launch(record, planned, request)
         except RefusedError as refused:
-            await self._finish(
-                record, Outcome(refused.refusal.exit_code, refusal=refused.refusal), request
-            )
+            await self._refused(record, refused, request)
         except Exception:
-            # Never a turn without an end (its followers would wait forever): recorded as failed.
-            log.exception("turn %s: the target failed to launch it", record.turn.turn_id)
-            failed = Outcome(ExitStatus.PADDOCK_FAILED, failure=LAUNCH_FAILED)
-            await self._finish(record, failed, request)
+            await self._failed_launch(record, request, "launch")
         return record.turn
+
+    async def _refused(
+        self, record: TurnRecord, refused: RefusedError, request: TurnRequest | None
+    ) -> None:
+        await self._finish(
+            record, Outcome(refused.refusal.exit_code, refusal=refused.refusal), request
+        )
+
+    async def _failed_launch(
+        self, record: TurnRecord, request: TurnRequest | None, what: str
+    ) -> None:
+        """In an ``except`` block: never a turn without an end (its followers would wait for
+        ever), so a fault of the target's own ends it as a launch that failed."""
+        log.exception("turn %s: the target failed to %s it", record.turn.turn_id, what)
+        failed = Outcome(ExitStatus.PADDOCK_FAILED, failure=LAUNCH_FAILED)
+        await self._finish(record, failed, request)
 
     def _admit(self, role: str) -> None:
         """Count a new turn against the caps, or say why it cannot run now."""
@@ -514,13 +521,9 @@ class TurnManager:
             await started.begin()
             record.task = asyncio.create_task(self._follow(record, started.plan, started.ended))
         except RefusedError as refused:
-            await self._finish(
-                record, Outcome(refused.refusal.exit_code, refusal=refused.refusal), request
-            )
+            await self._refused(record, refused, request)
         except Exception:
-            log.exception("turn %s: the target failed to start it", record.turn.turn_id)
-            failed = Outcome(ExitStatus.PADDOCK_FAILED, failure=LAUNCH_FAILED)
-            await self._finish(record, failed, request)
+            await self._failed_launch(record, request, "start")
         return record.turn
 
     def _stopping_now(self) -> TargetUnavailable:
