@@ -1910,6 +1910,13 @@ MUTATIONS += (
         ("tests/test_drain.py",),
     ),
     Mutation(
+        "session-records-written-in-any-order",
+        "target_side/service/sessions.py",
+        "            async with record.writing:\n",
+        "            if record.writing is not None:\n",
+        ("tests/test_sessions.py -k last_state",),
+    ),
+    Mutation(
         "turn-started-without-its-spool",
         "target_side/service/turns.py",
         "            record.spool.create(report=False)\n",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import threading
@@ -17,14 +18,20 @@ from conftest import (
     Target,
     events,
     finished,
+    make_settings,
     output,
     running_target,
     submit,
     wait_until,
 )
+from fastapi import FastAPI
+from test_durability import served
 
+from shared.walk import canonical_path
 from shared.wire import Session, Turn
 from target_side.config import RoleLimits
+from target_side.service import session_store
+from target_side.service.app import create_app
 from target_side.service.server import ServerThread
 
 
@@ -679,3 +686,48 @@ def test_concurrent_turns_race_for_one_session(target: Target, session: Session)
     for thread in threads:
         thread.join()
     assert sorted(statuses) == [201, 409, 409, 409]
+
+
+def test_a_sessions_record_on_disk_is_its_last_state(
+    tmp_path: Path, ca: trustme.CA, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two writes of one session's record land in the order they were made.
+
+    The write after a turn (the session still open) is held on its thread while
+    the session ends; the end's write must not be overtaken by it, or a restart
+    finds a session that ended cleanly ``open``, and calls it lost.
+    """
+    settings = make_settings(Path(canonical_path(tmp_path)), ca)
+    write = session_store.write_atomic
+    held, release = threading.Event(), threading.Event()
+
+    def first_write_held(path: Path, data: bytes) -> None:
+        if not held.is_set():
+            held.set()
+            release.wait(10)
+        write(path, data)
+
+    async def scenario(app: FastAPI) -> str:
+        async with served(app) as c:
+            opened = (await c.post("/v1/sessions", json={"role": "builder"})).json()
+            sid = opened["session_id"]
+            monkeypatch.setattr(session_store, "write_atomic", first_write_held)
+            request = {"role": "builder", "argv": ["true"], "session": sid}
+            turn = (await c.post("/v1/turns", json=request)).json()
+            await c.get(f"/v1/turns/{turn['turn_id']}/events")
+            await asyncio.to_thread(held.wait, 10)  # the write after the turn, on its thread
+            ending = asyncio.ensure_future(c.delete(f"/v1/sessions/{sid}"))
+            await asyncio.wait([ending], timeout=1.0)
+            release.set()
+            await ending
+            return sid
+
+    sid = asyncio.run(scenario(create_app(settings)))
+    monkeypatch.setattr(session_store, "write_atomic", write)
+
+    async def after_restart(app: FastAPI) -> dict[str, object]:
+        async with served(app) as c:
+            return (await c.get(f"/v1/sessions/{sid}")).json()
+
+    again = asyncio.run(after_restart(create_app(settings)))
+    assert again["state"] == "closed", again

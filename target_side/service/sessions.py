@@ -84,6 +84,9 @@ class SessionRecord:
     """The lease it was started under: each of its turns naming none acts under it."""
     notices: list[str] = field(default_factory=list)
     dirty: bool = False
+    writing: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+    """Held through each write of its record: writes on threads would otherwise land in any
+    order, and an older state written last stays on disk."""
 
     @property
     def session(self) -> Session:
@@ -511,7 +514,9 @@ class SessionManager:
 
     async def _persist(self, record: SessionRecord) -> bool:
         try:
-            await asyncio.to_thread(self.store.save, record.stored)
+            async with record.writing:
+                # The state as it is once the last write is down, not as it was when asked.
+                await asyncio.to_thread(self.store.save, record.stored)
         except OSError as exc:
             record.dirty = True
             self.turns.storage_failed(
