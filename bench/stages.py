@@ -15,6 +15,15 @@ launcher) is left out of its spans. Printed per round: when each
 step happened across the turns (from the first turn made), and how long
 each turn spent between two steps. A step whose time grows with the burst is
 where the turns queue.
+
+    .venv/bin/python bench/stages.py --sequential 300
+
+One turn at a time instead (``true``, from one warmed client, each followed
+by one bare bubblewrap with the fence's flags, table 1's baseline): where a
+lone turn's time goes, from the client asking (``asked``) to the client
+holding its exit event (``answered``), on the same clock as the target's
+steps. The steps between ``handed over`` and ``ending`` hold bubblewrap's own
+run; the rest is the target's and the client's.
 """
 
 from __future__ import annotations
@@ -24,17 +33,21 @@ import itertools
 import json
 import os
 import signal
+import statistics
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import render_table
+from bench.common import render_table, run_quiet
 from bench.concurrency import Load, _turns
-from bench.targets import target_process
+from bench.latency import BARE_BWRAP
+from bench.targets import ROLE, TargetInfo, target_process
+from shared.wire import ExitEvent, TurnRequest
 
 STEPS = (
     "made",
@@ -49,6 +62,9 @@ STEPS = (
     "ending",
     "ended",
 )
+LONE_STEPS = ("asked", *STEPS, "answered")
+"""A lone turn's steps: the client's two around the target's."""
+WARM_TURNS = 50
 SETTLE_S = 0.5
 """Between a burst's end and the stamps being asked for: the last ends are recorded by then."""
 
@@ -57,7 +73,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--turns", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--sequential", type=int, metavar="N", help="N turns one at a time, not a burst"
+    )
     args = parser.parse_args()
+    if args.sequential:
+        _lone_turns(args.sequential)
+        return
     load = Load(args.turns, ("sleep", "1"))
     with tempfile.TemporaryDirectory(prefix="paddock-stages-") as scratch:
         stamps = Path(scratch) / "stamps.json"
@@ -71,6 +93,61 @@ def main() -> None:
                 print(_report(number, wall, _collect(target.pid, stamps)))
             for failure in failures[:5]:
                 print(f"failed: {failure}")
+
+
+def _lone_turns(count: int) -> None:
+    """``count`` turns of ``true`` one after another, each step of each stamped."""
+    with tempfile.TemporaryDirectory(prefix="paddock-stages-") as scratch:
+        stamps = Path(scratch) / "stamps.json"
+        probe = {"PADDOCK_STAGE_FILE": str(stamps)}
+        with target_process(module="bench.stage_probe", env=probe) as target:
+            _lone(target, WARM_TURNS)
+            _collect(target.pid, stamps)  # forget the warm-up's
+            asked, bare = _lone(target, count)
+            found = _collect(target.pid, stamps)
+    for turn_id, (sent, held) in asked.items():
+        found.get(turn_id, {}).update(asked=sent, answered=held)
+    rows = [row for row in found.values() if {"asked", "answered"} <= row.keys()]
+    print(_spans(f"{len(rows)} turns one at a time; between steps (ms, per turn)", rows))
+    total = statistics.median(1000 * (row["answered"] - row["asked"]) for row in rows)
+    base = 1000 * statistics.median(bare)
+    print(
+        f"asked -> answered p50 {total:.2f} ms; bare bubblewrap p50 {base:.2f} ms "
+        f"(same run): {total / base:.2f}x"
+    )
+
+
+def _lone(target: TargetInfo, count: int) -> tuple[dict[str, tuple[float, float]], list[float]]:
+    """Each turn's (asked, answered) on the monotonic clock, and each bare run's seconds."""
+    request = TurnRequest(role=ROLE, argv=["true"])
+    asked: dict[str, tuple[float, float]] = {}
+    bare: list[float] = []
+    with target.client() as client:
+        for _ in range(count):
+            ids: list[str] = []
+            sent = time.monotonic()
+            events = list(client.submit_and_follow(request, uuid.uuid4().hex, ids.append))
+            held = time.monotonic()
+            last = events[-1] if events else None
+            if not (isinstance(last, ExitEvent) and last.exit_code == 0):
+                raise SystemExit(f"stages: turn {ids} ended with {last!r}")
+            asked[ids[0]] = (sent, held)
+            started = time.monotonic()
+            run_quiet(BARE_BWRAP)
+            bare.append(time.monotonic() - started)
+    return asked, bare
+
+
+def _spans(title: str, rows: list[dict[str, float]], steps: tuple[str, ...] = LONE_STEPS) -> str:
+    """How long the turns spent between each two steps both of which they went through."""
+    spans = []
+    for first, then in itertools.pairwise(steps):
+        took = sorted(
+            1000 * (row[then] - row[first]) for row in rows if {first, then} <= row.keys()
+        )
+        if took:
+            spans.append([f"{first} -> {then}", *(f"{q:.2f}" for q in _quantiles(took))])
+    return render_table(title, ["", "first", "p10", "p50", "p90", "last"], spans)
 
 
 def _collect(pid: int, stamps: Path) -> dict[str, dict[str, float]]:
@@ -95,19 +172,12 @@ def _report(number: int, wall: float, turns: dict[str, dict[str, float]]) -> str
         at = sorted(row[step] - zero for row in rows if step in row)
         if at:
             when.append([step, *(f"{q:.3f}" for q in _quantiles(at))])
-    spans = []
-    for first, then in itertools.pairwise(STEPS):
-        took = sorted(
-            1000 * (row[then] - row[first]) for row in rows if {first, then} <= row.keys()
-        )
-        if took:
-            spans.append([f"{first} -> {then}", *(f"{q:.1f}" for q in _quantiles(took))])
     title = f"round {number}: {len(rows)} turns, wall {wall:.2f} s"
     header = ["", "first", "p10", "p50", "p90", "last"]
     return "\n".join(
         [
             render_table(f"{title}; when (s, from the first turn made)", header, when),
-            render_table(f"{title}; between steps (ms, per turn)", header, spans),
+            _spans(f"{title}; between steps (ms, per turn)", rows, STEPS),
         ]
     )
 
