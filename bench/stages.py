@@ -76,9 +76,12 @@ def main() -> None:
     parser.add_argument(
         "--sequential", type=int, metavar="N", help="N turns one at a time, not a burst"
     )
+    parser.add_argument(
+        "--idle-ms", type=float, default=0.0, help="with --sequential: the pause before each turn"
+    )
     args = parser.parse_args()
     if args.sequential:
-        _lone_turns(args.sequential)
+        _lone_turns(args.sequential, args.idle_ms / 1000)
         return
     load = Load(args.turns, ("sleep", "1"))
     with tempfile.TemporaryDirectory(prefix="paddock-stages-") as scratch:
@@ -95,20 +98,22 @@ def main() -> None:
                 print(f"failed: {failure}")
 
 
-def _lone_turns(count: int) -> None:
-    """``count`` turns of ``true`` one after another, each step of each stamped."""
+def _lone_turns(count: int, idle_s: float) -> None:
+    """``count`` turns of ``true`` one after another, each step of each stamped; ``idle_s``
+    before each (an agent's turns come seconds apart, and an idle machine is slow to wake)."""
     with tempfile.TemporaryDirectory(prefix="paddock-stages-") as scratch:
         stamps = Path(scratch) / "stamps.json"
         probe = {"PADDOCK_STAGE_FILE": str(stamps)}
         with target_process(module="bench.stage_probe", env=probe) as target:
-            _lone(target, WARM_TURNS)
+            _lone(target, WARM_TURNS, 0.0)
             _collect(target.pid, stamps)  # forget the warm-up's
-            asked, bare = _lone(target, count)
+            asked, bare = _lone(target, count, idle_s)
             found = _collect(target.pid, stamps)
     for turn_id, (sent, held) in asked.items():
         found.get(turn_id, {}).update(asked=sent, answered=held)
     rows = [row for row in found.values() if {"asked", "answered"} <= row.keys()]
-    print(_spans(f"{len(rows)} turns one at a time; between steps (ms, per turn)", rows))
+    paused = f", {1000 * idle_s:g} ms idle before each" if idle_s else ""
+    print(_spans(f"{len(rows)} turns one at a time{paused}; between steps (ms, per turn)", rows))
     total = statistics.median(1000 * (row["answered"] - row["asked"]) for row in rows)
     base = 1000 * statistics.median(bare)
     print(
@@ -117,14 +122,18 @@ def _lone_turns(count: int) -> None:
     )
 
 
-def _lone(target: TargetInfo, count: int) -> tuple[dict[str, tuple[float, float]], list[float]]:
-    """Each turn's (asked, answered) on the monotonic clock, and each bare run's seconds."""
+def _lone(
+    target: TargetInfo, count: int, idle_s: float
+) -> tuple[dict[str, tuple[float, float]], list[float]]:
+    """Each turn's (asked, answered) on the monotonic clock, and each bare run's seconds (the
+    bare run idle as long before it as the turn)."""
     request = TurnRequest(role=ROLE, argv=["true"])
     asked: dict[str, tuple[float, float]] = {}
     bare: list[float] = []
     with target.client() as client:
         for _ in range(count):
             ids: list[str] = []
+            time.sleep(idle_s)
             sent = time.monotonic()
             events = list(client.submit_and_follow(request, uuid.uuid4().hex, ids.append))
             held = time.monotonic()
@@ -132,6 +141,7 @@ def _lone(target: TargetInfo, count: int) -> tuple[dict[str, tuple[float, float]
             if not (isinstance(last, ExitEvent) and last.exit_code == 0):
                 raise SystemExit(f"stages: turn {ids} ended with {last!r}")
             asked[ids[0]] = (sent, held)
+            time.sleep(idle_s)
             started = time.monotonic()
             run_quiet(BARE_BWRAP)
             bare.append(time.monotonic() - started)
