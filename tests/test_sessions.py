@@ -715,7 +715,7 @@ def test_a_sessions_record_on_disk_is_its_last_state(
             request = {"role": "builder", "argv": ["true"], "session": sid}
             turn = (await c.post("/v1/turns", json=request)).json()
             await c.get(f"/v1/turns/{turn['turn_id']}/events")
-            await asyncio.to_thread(held.wait, 10)  # the write after the turn, on its thread
+            assert await asyncio.to_thread(held.wait, 10)  # the write after the turn, held
             ending = asyncio.ensure_future(c.delete(f"/v1/sessions/{sid}"))
             await asyncio.wait([ending], timeout=1.0)
             release.set()
