@@ -1,9 +1,14 @@
 """``target_side.tools.cli``, with each turn's steps stamped on one clock (for ``bench/stages.py``).
 
 Run as ``python -m bench.stage_probe serve --config ...``. On SIGUSR2 the stamps
-taken since the last signal are written, one JSON object a turn, to the file
-named by ``PADDOCK_STAGE_FILE`` (a temp file the bench chose), and forgotten.
-The probe wraps the turn manager's own steps; it changes nothing they do.
+taken since the last signal are written to the file named by
+``PADDOCK_STAGE_FILE`` (a temp file the bench chose), and forgotten: under
+``turns``, one object a turn; under ``processes``, each bubblewrap's start
+(``spawning``, ``spawned``: the call that starts it, and its return) and its
+reaping (``reaped``), stamped on the thread that does them and named by no
+turn (one at a time, the bench puts each in the turn it falls in). The probe
+wraps the turn manager's own steps and ``subprocess.Popen``'s; it changes
+nothing they do.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import json
 import os
 import runpy
 import signal
+import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -25,6 +31,8 @@ from target_side.fence import limits
 from target_side.service import turns
 
 STAMPS: defaultdict[str, dict[str, float]] = defaultdict(dict)
+PROCESSES: list[tuple[str, float]] = []
+"""Steps of bubblewrap's processes, in the order they happened (list.append is atomic)."""
 OUT_FILE = os.environ.get("PADDOCK_STAGE_FILE", "")
 
 
@@ -79,11 +87,46 @@ def _made(real: Callable[..., Any]) -> Callable[..., Any]:
     return new_record
 
 
+def _bubblewrap(args: Any) -> bool:
+    argv = [args] if isinstance(args, (str, bytes)) else list(args)
+    return any(os.path.basename(os.fsdecode(arg)) == "bwrap" for arg in argv[:2])
+
+
+def _stamp_processes() -> None:
+    """``spawning``/``spawned`` around ``Popen`` starting bubblewrap, ``reaped`` when its
+    ``wait`` returns (the thread that started it waits for it)."""
+    start = subprocess.Popen._execute_child  # type: ignore[attr-defined]
+    wait = subprocess.Popen.wait
+
+    @functools.wraps(start)
+    def execute_child(self: subprocess.Popen[bytes], args: Any, *rest: Any) -> Any:
+        ours = _bubblewrap(args)
+        if ours:
+            PROCESSES.append(("spawning", time.monotonic()))
+        try:
+            return start(self, args, *rest)
+        finally:
+            if ours:
+                PROCESSES.append(("spawned", time.monotonic()))
+                self._paddock_bench_bwrap = True  # type: ignore[attr-defined]
+
+    @functools.wraps(wait)
+    def waited(self: subprocess.Popen[bytes], *args: Any, **kwargs: Any) -> int:
+        code = wait(self, *args, **kwargs)
+        if getattr(self, "_paddock_bench_bwrap", False):
+            PROCESSES.append(("reaped", time.monotonic()))
+        return code
+
+    subprocess.Popen._execute_child = execute_child  # type: ignore[attr-defined]
+    subprocess.Popen.wait = waited  # type: ignore[method-assign,assignment]
+
+
 def _dump(signum: int, frame: FrameType | None) -> None:
     done = {turn: steps for turn, steps in STAMPS.items() if "ended" in steps}
     with open(OUT_FILE, "w") as out:
-        json.dump(done, out)
+        json.dump({"turns": done, "processes": PROCESSES}, out)
     STAMPS.clear()
+    PROCESSES.clear()
 
 
 def main() -> None:
@@ -95,6 +138,7 @@ def main() -> None:
     _around(manager, "_launch", _record, "launching", "launched")
     _around(manager, "_launched", _record, "started", "recorded")
     _around(manager, "_finish", _record, "ending", "ended")
+    _stamp_processes()
     signal.signal(signal.SIGUSR2, _dump)
     sys.argv = ["target_side.tools.cli", *sys.argv[1:]]
     runpy.run_module("target_side.tools.cli", run_name="__main__", alter_sys=True)

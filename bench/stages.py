@@ -22,8 +22,10 @@ One turn at a time instead (``true``, from one warmed client, each followed
 by one bare bubblewrap with the fence's flags, table 1's baseline): where a
 lone turn's time goes, from the client asking (``asked``) to the client
 holding its exit event (``answered``), on the same clock as the target's
-steps. The steps between ``handed over`` and ``ending`` hold bubblewrap's own
-run; the rest is the target's and the client's.
+steps. A second table follows the turn's critical path alone: up to
+bubblewrap's start (``spawning``, on the thread that starts it), its
+``Popen`` (``spawned``), its run until the thread reaps it (``reaped``), and
+the way from there to the client; its spans add up to the whole turn.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ STEPS = (
 )
 LONE_STEPS = ("asked", *STEPS, "answered")
 """A lone turn's steps: the client's two around the target's."""
+CRITICAL_PATH = ("asked", "made", "spawning", "spawned", "reaped", "ending", "ended", "answered")
+"""A lone turn's steps one after another: each span waits for the one before."""
 WARM_TURNS = 50
 SETTLE_S = 0.5
 """Between a burst's end and the stamps being asked for: the last ends are recorded by then."""
@@ -93,7 +97,7 @@ def main() -> None:
             for number in range(1, args.rounds + 1):
                 _collect(target.pid, stamps)  # forget the warm-up's
                 wall, _ = _turns(target, load, failures)
-                print(_report(number, wall, _collect(target.pid, stamps)))
+                print(_report(number, wall, _collect(target.pid, stamps)[0]))
             for failure in failures[:5]:
                 print(f"failed: {failure}")
 
@@ -108,18 +112,30 @@ def _lone_turns(count: int, idle_s: float) -> None:
             _lone(target, WARM_TURNS, 0.0)
             _collect(target.pid, stamps)  # forget the warm-up's
             asked, bare = _lone(target, count, idle_s)
-            found = _collect(target.pid, stamps)
+            found, processes = _collect(target.pid, stamps)
     for turn_id, (sent, held) in asked.items():
         found.get(turn_id, {}).update(asked=sent, answered=held)
     rows = [row for row in found.values() if {"asked", "answered"} <= row.keys()]
+    _place(processes, rows)
     paused = f", {1000 * idle_s:g} ms idle before each" if idle_s else ""
     print(_spans(f"{len(rows)} turns one at a time{paused}; between steps (ms, per turn)", rows))
+    print(_spans("the same turns' critical path (ms, per turn)", rows, CRITICAL_PATH))
     total = statistics.median(1000 * (row["answered"] - row["asked"]) for row in rows)
     base = 1000 * statistics.median(bare)
     print(
         f"asked -> answered p50 {total:.2f} ms; bare bubblewrap p50 {base:.2f} ms "
         f"(same run): {total / base:.2f}x"
     )
+
+
+def _place(processes: list[tuple[str, float]], rows: list[dict[str, float]]) -> None:
+    """Each bubblewrap step into the turn it happened in (turns one at a time: the one whose
+    record was made before it and whose end was recorded after it), its first of each."""
+    for step, at in processes:
+        for row in rows:
+            if row["made"] <= at <= row["ended"]:
+                row.setdefault(step, at)
+                break
 
 
 def _lone(
@@ -160,7 +176,13 @@ def _spans(title: str, rows: list[dict[str, float]], steps: tuple[str, ...] = LO
     return render_table(title, ["", "first", "p10", "p50", "p90", "last"], spans)
 
 
-def _collect(pid: int, stamps: Path) -> dict[str, dict[str, float]]:
+Steps = dict[str, dict[str, float]]
+"""Each turn's steps, by turn id: when (``time.monotonic``) it went through each."""
+
+
+def _collect(pid: int, stamps: Path) -> tuple[Steps, list[tuple[str, float]]]:
+    """Each turn's steps, and bubblewrap's process steps (named by no turn), since the last
+    collection."""
     time.sleep(SETTLE_S)
     stamps.unlink(missing_ok=True)
     os.kill(pid, signal.SIGUSR2)
@@ -168,8 +190,8 @@ def _collect(pid: int, stamps: Path) -> dict[str, dict[str, float]]:
     while not stamps.exists() and time.monotonic() < deadline:
         time.sleep(0.02)
     time.sleep(0.05)  # written whole by then: one small file
-    found: dict[str, dict[str, float]] = json.loads(stamps.read_text())
-    return found
+    found = json.loads(stamps.read_text())
+    return found["turns"], [(step, at) for step, at in found["processes"]]
 
 
 def _report(number: int, wall: float, turns: dict[str, dict[str, float]]) -> str:
