@@ -107,6 +107,8 @@ ISSUE_5_ROWS = (
 """Table 1c: issue 5's comparison, the turn over the tunnel against HTTPS and plain ssh."""
 TRUE_REQUEST = TurnRequest(role=ROLE, argv=["true"])
 WARMUP = 2
+ONE_BY_ONE = 4
+"""Table 1e's rounds, per round of table 1: three short rows, so many more rounds."""
 
 
 @dataclass
@@ -195,6 +197,11 @@ def run(runs: int, slow_runs: int) -> str:
             *_ssh_rows(stack, separate),
         ]
         _measure(rows, runs, max(1, round(runs / slow_runs)))
+        one_by_one = [
+            *_bare_rows(),
+            _api_row(API_HTTPS, stack.enter_context(separate.https()), "nothing else between"),
+        ]
+        _measure(one_by_one, ONE_BY_ONE * runs, 1)
         for name, client in (
             ("paddock client, embedded target", embedded_client),
             ("paddock client, target process", separate_client),
@@ -202,11 +209,12 @@ def run(runs: int, slow_runs: int) -> str:
             split = splits[name]
             for turn_id in split.turn_ids[-runs:]:
                 split.add_server_view(client.turn(turn_id))
-    failures = [how for row in rows for how in row.failures]
+    failures = [how for row in (*rows, *one_by_one) for how in row.failures]
     tables = [with_failures(_main_table(rows), failures), _split_table(splits, runs)]
     if _p50_of(rows, TUNNEL_PLAIN) is not None:
         tables.append(_tunnel_table(rows))
     tables.append(_cli_table(rows))
+    tables.append(_one_by_one_table(one_by_one))
     return "\n\n".join(tables)
 
 
@@ -223,10 +231,16 @@ def _measure(rows: list[Row], runs: int, stride: int) -> None:
                 row.values.append(took)
 
 
-def _baseline_rows() -> list[Row]:
+def _bare_rows() -> list[Row]:
     return [
         Row(SPAWN, lambda: run_quiet(["/usr/bin/true"])),
         Row(BWRAP, lambda: run_quiet(BARE_BWRAP)),
+    ]
+
+
+def _baseline_rows() -> list[Row]:
+    return [
+        *_bare_rows(),
         Row("python -c pass", lambda: run_quiet([PYTHON, "-c", "pass"])),
         Row(
             "python -c 'import agent_side.cli'",
@@ -430,6 +444,22 @@ def _main_table(rows: list[Row]) -> str:
     )
     headers = ["row", "n", "p50", "p95", "mean", "x bwrap", "x spawn", "note"]
     return render_table(title, headers, out)
+
+
+def _one_by_one_table(rows: list[Row]) -> str:
+    """Table 1e: the turn against its baselines with nothing else in the round."""
+    bwrap = _p50_of(rows, BWRAP)
+    out = []
+    for row in rows:
+        if row.values:
+            p50 = Samples(tuple(row.values)).p50
+            out.append([row.name, str(len(row.values)), ms(p50), ratio(p50, bwrap), row.note])
+    title = (
+        "1e. The `true` turn one by one: bare spawn, bare bwrap and one Target.https turn\n"
+        "    per round, nothing else between (ms; table 1 runs a dozen other rows between\n"
+        "    two turns; 'x bwrap' = row p50 / bare bwrap p50 of these rounds)"
+    )
+    return render_table(title, ["row", "n", "p50", "x bwrap", "note"], out)
 
 
 def _split_table(splits: dict[str, Split], runs: int) -> str:
