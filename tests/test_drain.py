@@ -21,7 +21,7 @@ from target_side.service.app import create_app
 def test_a_turn_ends_though_a_process_outside_it_holds_its_output_open(
     tmp_path: Path, ca: trustme.CA, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(runner, "DRAIN_S", 0.5, raising=False)
+    monkeypatch.setattr(runner, "DRAIN_S", 0.5)
     app = create_app(make_settings(Path(canonical_path(tmp_path)), ca))
     held: list[IO[bytes]] = []
 

@@ -372,11 +372,7 @@ class LocalProcess:
             if pipe is None:  # a terminal turn: its output is the pty's
                 readers.append(None)
                 continue
-            reader = asyncio.StreamReader(limit=pipes.READ_BYTES)
-            read_end, _ = await loop.connect_read_pipe(
-                lambda r=reader: asyncio.StreamReaderProtocol(r),  # type: ignore[misc]
-                pipe,
-            )
+            reader, read_end = await pipes.read_end(pipe)
             this._pipes.append(read_end)
             readers.append(reader)
         this.stdout, this.stderr = readers

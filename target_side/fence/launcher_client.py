@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import os
 import socket
 import time
@@ -201,10 +200,7 @@ class LaunchedProcess:
             self.stdin = asyncio.StreamWriter(transport, protocol, None, loop)
         readers = []
         for fd in ours:
-            reader = asyncio.StreamReader(limit=pipes.READ_BYTES)
-            read_end, _ = await loop.connect_read_pipe(
-                functools.partial(asyncio.StreamReaderProtocol, reader), os.fdopen(fd, "rb", 0)
-            )
+            reader, read_end = await pipes.read_end(os.fdopen(fd, "rb", 0))
             self._pipes.append(read_end)
             readers.append(reader)
         if readers:  # none for a terminal turn: its output is the pty's
