@@ -53,7 +53,7 @@ def _env(home: str) -> dict[str, str]:
     site = sysconfig.get_paths()["purelib"]
     return {
         "PATH": "/usr/bin:/bin",
-        "PYTHONPATH": f"{ROOT}:{site}",
+        "PYTHONPATH": f"{ROOT}:{ROOT / 'deploy'}:{site}",
         "HOME": home,
         "LANG": "C.UTF-8",
     }
