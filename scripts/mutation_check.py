@@ -987,6 +987,17 @@ MUTATIONS += (
         (f"{HOST_EDGES} -k below_the_mount_root or worktrees_submodules",),
     ),
     Mutation(
+        # The launcher's look as root finds nothing: it answers clean without the role's child.
+        "launcher-audit-looks-and-sees-nothing",
+        "target_side/fence/audit.py",
+        "        found += _in_directory(parent_path, entries, _named)",
+        "        found += []",
+        (
+            "tests/test_audit.py",
+            "tests/test_launcher.py -k audit",
+        ),
+    ),
+    Mutation(
         "protected-names-audit-skipped",
         "target_side/service/turns.py",
         "fence.role, (fence.uid, fence.gid), fence.audit, fence.turn_id",

@@ -632,6 +632,32 @@ def test_launcher_audit_never_touches_a_path_outside_the_roles_workspaces(host: 
     assert (host.workspace() / ".envrc.paddock-quarantined-t-0a1b").exists()
 
 
+def test_launcher_audit_never_calls_clean_what_the_role_hid_from_itself(host: Host) -> None:
+    # The launcher looks first as root and forks the role's child only for what is not as
+    # planned: a name in a directory the role made unsearchable is still found, and the
+    # child's failure to move it is said, never an empty answer.
+    uid, gid = host.role_ids()
+    hidden = host.workspace() / "hidden"
+    hidden.mkdir()
+    (hidden / ".envrc").write_text("echo planted\n")
+    os.chown(hidden / ".envrc", uid, gid)
+    os.chown(hidden, uid, gid)
+    hidden.chmod(0o000)
+    audit = {"op": "audit", "role": "builder", "uid": uid, "gid": gid, "turn_id": "t-0a1c"}
+    try:
+        clean, hid = _as_server_ask(
+            host,
+            audit | {"expected": {str(host.workspace() / ".bashrc"): None}},
+            audit | {"expected": {str(hidden / ".envrc"): None}},
+        )
+    finally:
+        hidden.chmod(0o755)
+    assert clean == {"moved": []}, clean
+    assert [str(hidden / ".envrc")] == [m.split(" ")[0] for m in hid.get("moved", [])], hid
+    assert "could not be moved aside" in hid["moved"][0], hid
+    assert (hidden / ".envrc").exists()
+
+
 # --- what the operator's tools say ------------------------------------------------------------
 
 
