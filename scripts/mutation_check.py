@@ -987,6 +987,22 @@ MUTATIONS += (
         (f"{HOST_EDGES} -k below_the_mount_root or worktrees_submodules",),
     ),
     Mutation(
+        # The server's look at a role's home opens it to read: a 0700 home is never seen ready.
+        "home-look-needs-read-permission",
+        "target_side/fence/home.py",
+        "LOOK_FLAGS = os.O_PATH | os.O_DIRECTORY",
+        "LOOK_FLAGS = os.O_RDONLY | os.O_DIRECTORY",
+        ("tests/test_launcher.py -k home_as_it_should_be",),
+    ),
+    Mutation(
+        # The server takes any home for ready: one a turn left with a wrong mode stays so.
+        "server-takes-any-home-for-ready",
+        "target_side/fence/home.py",
+        "    owner = owner if owner is not None else (os.getuid(), os.getgid())\n",
+        "    return True\n",
+        ("tests/test_launcher.py -k roles_home_as_root_would",),
+    ),
+    Mutation(
         # The launcher's look as root finds nothing: it answers clean without the role's child.
         "launcher-audit-looks-and-sees-nothing",
         "target_side/fence/audit.py",

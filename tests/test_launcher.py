@@ -430,6 +430,30 @@ def test_launcher_makes_the_roles_home_as_root_would(host: Host, client: httpx.C
     assert turn.exit_code == 0 and stat.S_IMODE(home.stat().st_mode) == 0o700
 
 
+def test_server_sees_a_home_as_it_should_be_without_asking_the_launcher(
+    host: Host, client: httpx.Client
+) -> None:
+    # The home is the role's alone (0700): the server looks at it by O_PATH descriptors,
+    # which need no read permission, and asks the launcher only when it is not as it
+    # should be (a wrong mode is repaired there: the test above).
+    turn, _ = run(client, ["true"])
+    assert turn.exit_code == 0
+    uid, gid = host.role_ids()
+    look = (
+        "from pathlib import Path; from target_side.fence.home import looks_ready; "
+        f"print(looks_ready(Path({str(host.state)!r}), 'builder', {uid}, {gid}))"
+    )
+    home = host.state / "roles" / "builder" / "home"
+    seen = host.as_server("-c", look)
+    assert seen.stdout.strip() == "True", seen.stderr
+    home.chmod(0o750)
+    try:
+        seen = host.as_server("-c", look)
+    finally:
+        home.chmod(0o700)
+    assert seen.stdout.strip() == "False", seen.stderr
+
+
 def test_launcher_stdin_reaches_the_turn(host: Host, client: httpx.Client) -> None:
     turn = submit(client, argv=["cat"], stdin="open")
     response = client.post(

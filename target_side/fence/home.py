@@ -35,6 +35,9 @@ from target_side.errors import HomeError
 log = logging.getLogger("paddock.target")
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+LOOK_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+"""Opened only to be looked at: needs no read permission, so the server may look at a home
+that is its role's alone (0700)."""
 HOME = "home"
 SEARCHABLE = 0o711
 """The server's directories above a home: searched by anyone, listed by no one."""
@@ -87,7 +90,7 @@ def prepare_home(
     owner = server if server is not None else (os.getuid(), os.getgid())
     # Most turns find it as it should be, which takes no lock to see: turns starting together
     # queued for it, each holding it through a dozen system calls.
-    if _as_it_should_be(state_root, role, uid, gid, owner):
+    if looks_ready(state_root, role, uid, gid, owner):
         return None
     with _LOCKS.setdefault((str(state_root), role), threading.Lock()):
         return _prepare(state_root, role, uid, gid, owner, fix_mode)
@@ -116,23 +119,28 @@ def _prepare(
         os.close(state)
 
 
-def _as_it_should_be(
-    state_root: Path, role: str, uid: int, gid: int, owner: tuple[int, int]
+def looks_ready(
+    state_root: Path, role: str, uid: int, gid: int, owner: tuple[int, int] | None = None
 ) -> bool:
     """Whether the home and every directory above it are as ``_prepare`` leaves them (opened
-    and looked at, nothing changed): when they are, there is nothing to make or repair."""
+    and looked at, nothing changed): when they are, there is nothing to make or repair.
+
+    ``owner``: the ids the server's directories belong to (default: this process's). A
+    server that is not root looks for itself, and asks the launcher only when this is False.
+    """
+    owner = owner if owner is not None else (os.getuid(), os.getgid())
     opened: list[int] = []
     try:
-        opened.append(os.open(state_root, DIR_FLAGS))
+        opened.append(os.open(state_root, LOOK_FLAGS))
         st = os.fstat(opened[-1])
         if st.st_uid != owner[0] or not _searchable(st.st_mode):
             return False
         for name in ("roles", role):
-            opened.append(os.open(name, DIR_FLAGS, dir_fd=opened[-1]))
+            opened.append(os.open(name, LOOK_FLAGS, dir_fd=opened[-1]))
             st = os.fstat(opened[-1])
             if st.st_uid != owner[0] or stat.S_IMODE(st.st_mode) != SEARCHABLE:
                 return False
-        opened.append(os.open(HOME, DIR_FLAGS, dir_fd=opened[-1]))
+        opened.append(os.open(HOME, LOOK_FLAGS, dir_fd=opened[-1]))
         st = os.fstat(opened[-1])
         return (st.st_uid, st.st_gid) == (uid, gid) and stat.S_IMODE(st.st_mode) == HOME_MODE
     except OSError:

@@ -63,7 +63,7 @@ from target_side.errors import (
 )
 from target_side.fence.etc import CuratedEtc, RoleEntry
 from target_side.fence.held import FailureHook, no_failure
-from target_side.fence.home import open_state_root
+from target_side.fence.home import looks_ready, open_state_root
 from target_side.fence.identity import InProcess, for_settings
 from target_side.fence.identity import warm as warm_spawning
 from target_side.fence.launch import (
@@ -664,7 +664,10 @@ class TurnManager:
             self.settings.state_root, plan.role, (plan.uid, plan.gid)
         )
         if make_home is None:
-            return Planned(plan)
+            # Made by the launcher, as root, but looked at here first: the usual turn finds
+            # it as it should be, and asks the launcher one thing fewer.
+            state_root, ids = self.settings.state_root, (plan.uid, plan.gid)
+            return Planned(plan, home_ready=looks_ready(state_root, plan.role, *ids))
         try:
             return Planned(plan, home_ready=True, repaired=make_home())
         except TargetError as exc:
