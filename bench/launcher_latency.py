@@ -7,7 +7,10 @@ checkout on its path), run interleaved so load hits both alike:
 
 - ``in process``: the server runs as root and starts bubblewrap as the role itself;
 - ``through the launcher``: the server runs as a throwaway service user and each
-  turn is a connection to ``paddock-target launcher`` (root), which starts it.
+  turn is a connection to ``paddock-target launcher`` (root), which starts it. The
+  server runs in a cgroup v1 ``pids`` cgroup of its own, as a unit's ``Delegate=``
+  would give it (where this machine has that hierarchy), so its turns get cgroups
+  of their own as on a deployed target; without one, they get rlimits only.
 
 A turn of ``true`` is timed from ``POST /v1/turns`` to its exit event, over one
 kept HTTP connection. Everything is removed on the way out, the user included.
@@ -133,9 +136,11 @@ def _targets(base: Path, user: str) -> Iterator[dict[str, str]]:
             "--no-new-privs",
             "--",
         ]
+        delegated = _delegated_cgroup(base.name, uid, gid)
+        join = ["sh", "-c", f'echo $$ > {delegated}/cgroup.procs && exec "$@"', "sh"]
         procs.append(
             subprocess.Popen(
-                [*drop, *cli, "serve", "--config", str(as_user)],
+                [*(join if delegated else []), *drop, *cli, "serve", "--config", str(as_user)],
                 env=_env(str(base / "state-user")),
                 **quiet,
             )
@@ -152,10 +157,39 @@ def _targets(base: Path, user: str) -> Iterator[dict[str, str]]:
             proc.send_signal(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=30)
+        _remove_cgroup(base.name)
         subprocess.run(["userdel", user], check=False, capture_output=True)
         with contextlib.suppress(KeyError):
             grp.getgrnam(user)
             subprocess.run(["groupdel", user], check=False, capture_output=True)
+
+
+PIDS = Path("/sys/fs/cgroup/pids")
+
+
+def _delegated_cgroup(name: str, uid: int, gid: int) -> Path | None:
+    """A cgroup v1 pids cgroup given to ``uid``, as a unit's ``Delegate=`` would; None
+    where this machine has no such hierarchy."""
+    cgroup = PIDS / name
+    try:
+        cgroup.mkdir()
+    except OSError:
+        return None
+    for entry in ("", "cgroup.procs", "tasks", "cgroup.clone_children"):
+        with contextlib.suppress(OSError):
+            os.chown(cgroup / entry, uid, gid)
+    return cgroup
+
+
+def _remove_cgroup(name: str) -> None:
+    cgroup = PIDS / name
+    for _ in range(100):
+        for leaf in sorted(cgroup.glob("**/"), key=lambda p: -len(p.parts)):
+            with contextlib.suppress(OSError):
+                leaf.rmdir()
+        if not cgroup.exists():
+            return
+        time.sleep(0.05)
 
 
 def _turn(client: httpx.Client) -> float:

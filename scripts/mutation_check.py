@@ -987,6 +987,39 @@ MUTATIONS += (
         (f"{HOST_EDGES} -k below_the_mount_root or worktrees_submodules",),
     ),
     Mutation(
+        # A prepared launch's connection is not the one its turn is launched on: the fence,
+        # without a gate, would run outside its cgroups; refused instead, so the test sees it.
+        "prepared-launch-left-unused",
+        "target_side/fence/launcher_client.py",
+        "            if isinstance(prepared, PreparedLaunch):\n",
+        "            if False:\n",
+        ("tests/test_launcher.py -k places_the_fence",),
+    ),
+    Mutation(
+        # The launcher forks a prepared process into any cgroup it is named.
+        "launcher-prepares-in-any-cgroup",
+        "target_side/fence/launcher.py",
+        '        checked = self._turn_cgroups(message.get("cgroups"))\n',
+        '        checked = [os.open(c, os.O_PATH) for c in message.get("cgroups", [])]\n',
+        ("tests/test_launcher.py -k prepared_process",),
+    ),
+    Mutation(
+        # A prepared process the server no longer wants is left waiting, as root.
+        "prepared-process-outlives-its-connection",
+        "target_side/fence/launcher.py",
+        "            self.prepared.discard()\n",
+        "            pass\n",
+        ("tests/test_launcher.py -k prepared_process",),
+    ),
+    Mutation(
+        # bubblewrap's outer process, born in the turn's cgroup, counted as one of the turn's.
+        "prepared-launch-takes-a-pid-of-the-turns",
+        "target_side/fence/launcher_client.py",
+        "        return 1 if self.dirs else 0",
+        "        return 0",
+        ("tests/test_launcher.py -k exactly_its_pids",),
+    ),
+    Mutation(
         # The server's look at a role's home opens it to read: a 0700 home is never seen ready.
         "home-look-needs-read-permission",
         "target_side/fence/home.py",

@@ -330,3 +330,16 @@ def no_paddock_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """None of the PADDOCK_* variables of whoever runs the tests."""
     for name in ("PADDOCK_TARGET", "PADDOCK_TOKEN", "PADDOCK_CACERT", "PADDOCK_ROLE"):
         monkeypatch.delenv(name, raising=False)
+
+
+PIDS_PROBE = """
+import os, subprocess
+children = []
+for _ in range(100):
+    try:
+        children.append(subprocess.Popen(["sleep", "30"]))
+    except OSError:
+        break
+print(sum(1 for entry in os.listdir("/proc") if entry.isdigit()))
+"""
+"""Starts up to 100 processes and prints how many the fence's own /proc then shows."""

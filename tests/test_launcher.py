@@ -36,6 +36,7 @@ import pytest
 from conftest import (
     BUILDER_TOKEN,
     OTHER_TOKEN,
+    PIDS_PROBE,
     events,
     finished,
     output,
@@ -46,6 +47,7 @@ from conftest import (
     submit,
     wait_until,
 )
+from process_support import parent_pid
 
 from target_side.config import RoleConfig, Settings, load_settings
 from target_side.errors import LauncherError
@@ -522,10 +524,126 @@ def test_launcher_session_runs_as_the_role_and_ends_whole(host: Host, client: ht
 def test_launcher_places_the_fence_in_the_servers_cgroup(host: Host, client: httpx.Client) -> None:
     if host.cgroup is None:
         pytest.skip("no cgroup v1 pids hierarchy to delegate here")
-    turn, evs = run(client, ["sh", "-c", "grep :pids: /proc/self/cgroup; echo $(( 1 + 1 ))"])
-    assert turn.exit_code == 0, evs
-    pids_line = output(evs).split("\n")[0]
-    assert "/paddock-" in pids_line and "-t-" in pids_line, pids_line
+    marker = "271.5"
+    turn = submit(client, argv=["sh", "-c", f"grep :pids: /proc/self/cgroup; sleep {marker}"])
+    try:
+        assert wait_until(lambda: bool(processes_with("sleep", marker)))
+        (pid,) = processes_with("sleep", marker)
+        seen_from_host = _pids_cgroup(pid)
+        bwrap = _outer_bwrap(pid)  # the launch itself
+        assert "/paddock-" in seen_from_host and "-t-" in seen_from_host, seen_from_host
+        # Born inside (a prepared launch): bubblewrap itself is in the turn's cgroup, and the
+        # fence's cgroup namespace is rooted there, so the turn sees no path of the host's.
+        assert _pids_cgroup(bwrap) == seen_from_host
+    finally:
+        client.post(f"/v1/turns/{turn.turn_id}/signal", json={"signal": "KILL"})
+    evs = events(client, turn.turn_id)
+    assert output(evs).split("\n")[0].endswith(":pids:/"), evs
+
+
+def _outer_bwrap(pid: int) -> int:
+    """The first bubblewrap above ``pid``: the process the launcher started."""
+    outer = None
+    while pid > 1:
+        if Path(f"/proc/{pid}/comm").read_text().strip() == "bwrap":
+            outer = pid
+        pid = parent_pid(pid)
+    assert outer is not None
+    return outer
+
+
+def _pids_cgroup(pid: int) -> str:
+    lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    return next(line.split(":", 2)[2] for line in lines if ":pids:" in line)
+
+
+def test_launcher_turn_born_inside_gets_exactly_its_pids_limit(
+    host: Host, client: httpx.Client
+) -> None:
+    # bubblewrap's outer process is born in the turn's cgroup with the rest (a prepared
+    # launch): pids.max counts it as a seat, never as one of the turn's own processes.
+    if host.cgroup is None:
+        pytest.skip("no cgroup v1 pids hierarchy to delegate here")
+    seen = []
+    for pids in (8, 16):
+        turn, evs = run(client, ["python3", "-c", PIDS_PROBE], limits={"pids": pids})
+        assert turn.exit_code == 0, output(evs, "stderr")
+        seen.append(int(output(evs)))
+    assert seen == [8, 16]
+
+
+def test_launcher_turns_beyond_the_prepared_ones_are_placed_once_started(
+    host: Host, client: httpx.Client
+) -> None:
+    # Two launches are kept prepared; six turns at once take them and four more, which are
+    # launched and placed as before: every one in its own cgroup, seen from the host.
+    if host.cgroup is None:
+        pytest.skip("no cgroup v1 pids hierarchy to delegate here")
+    marker = "2.25"
+    turns = [submit(client, argv=["sh", "-c", f"sleep {marker}"]) for _ in range(6)]
+    assert wait_until(lambda: len(processes_with("sleep", marker)) == 6)
+    places = {_pids_cgroup(pid) for pid in processes_with("sleep", marker)}
+    assert len(places) == 6 and all("/paddock-" in p and "-t-" in p for p in places), places
+    assert [finished(client, t.turn_id).exit_code for t in turns] == [0] * 6
+
+
+PREPARE = """
+import asyncio, json, os, secrets, socket, sys, time
+from pathlib import Path
+from target_side.fence.launcher import Channel
+
+async def main():
+    parent = Path(sys.argv[2])
+    slot = parent / f"paddock-{os.getpid()}-t-{secrets.token_hex(16)}"
+    slot.mkdir()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(sys.argv[1])
+    channel = Channel(sock)
+    said = {}
+    for name, cgroups in (("foreign", [str(parent.parent)]), ("slot", [str(slot)])):
+        if name == "slot":  # a connection of its own: one prepared process per connection
+            channel.close()
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(sys.argv[1])
+            channel = Channel(sock)
+        await channel.send({"op": "prepare", "cgroups": cgroups})
+        said[name], _ = await channel.recv()
+    pid = said["slot"]["prepared"]
+    for _ in range(200):
+        if str(pid) in (slot / "cgroup.procs").read_text().split():
+            break
+        time.sleep(0.01)
+    status = Path(f"/proc/{pid}/status").read_text()
+    said["uid"] = int(next(l for l in status.splitlines() if l.startswith("Uid:")).split()[1])
+    said["in_slot"] = str(pid) in (slot / "cgroup.procs").read_text().split()
+    said["exe"] = os.readlink(f"/proc/{pid}/exe") if said["uid"] == os.getuid() else None
+    channel.close()
+    for _ in range(500):
+        if not Path(f"/proc/{pid}").exists():
+            break
+        time.sleep(0.01)
+    said["gone"] = not Path(f"/proc/{pid}").exists()
+    slot.rmdir()
+    print(json.dumps(said))
+
+asyncio.run(main())
+"""
+
+
+def test_launcher_prepared_process_runs_nothing_and_ends_with_its_connection(
+    host: Host,
+) -> None:
+    if host.cgroup is None:
+        pytest.skip("no cgroup v1 pids hierarchy to delegate here")
+    turns_parent = host.cgroup / "paddock-turns"
+    done = host.as_server("-c", PREPARE, str(host.socket), str(turns_parent))
+    assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout)
+    assert "not a turn's cgroup" in str(said["foreign"].get("error")), said
+    assert isinstance(said["slot"].get("prepared"), int), said
+    # Forked into the slot, still the launcher (root, nothing executed), until the
+    # connection closed: then killed and reaped, leaving the slot empty.
+    assert said["in_slot"] and said["uid"] == 0 and said["gone"], said
 
 
 def test_launcher_closing_the_server_kills_the_turn(host: Host, client: httpx.Client) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import (
+    PIDS_PROBE,
     Target,
     events,
     finished,
@@ -26,18 +27,6 @@ from process_support import parent_pid
 from shared.walk import canonical_path
 from shared.wire import PlannedLimits, TurnRequest
 from target_side.fence.limits import Hierarchy, Limiter, Totals
-
-PIDS_PROBE = """
-import os, subprocess
-children = []
-for _ in range(100):
-    try:
-        children.append(subprocess.Popen(["sleep", "30"]))
-    except OSError:
-        break
-print(sum(1 for entry in os.listdir("/proc") if entry.isdigit()))
-"""
-"""Starts up to 100 processes and prints how many the fence's own /proc then shows."""
 
 HOG = "x = b'x' * (400 << 20); print('survived')"
 

@@ -211,7 +211,7 @@ class InProcess:
         if terminal is not None:
             stdin = stdout = stderr = terminal
         worker = limits.worker if limits is not None else None
-        spawning = Spawning(worker or Worker(loop))
+        spawning = Spawning(worker if isinstance(worker, Worker) else Worker(loop))
 
         def start() -> subprocess.Popen[bytes]:
             with thread_ids.acting_as(uid, gid) if thread_acts else contextlib.nullcontext():

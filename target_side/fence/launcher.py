@@ -430,6 +430,7 @@ class Session:
         self.channel = channel
         self.grants = grants
         self.child: Child | None = None
+        self.prepared: Prepared | None = None
 
     async def run(self) -> None:
         try:
@@ -452,10 +453,15 @@ class Session:
         """The server is gone, or the launcher stops: its turn must not outlive it."""
         if self.child is not None and not self.child.done:
             self.kill(bwrap=True)
+        if self.prepared is not None:
+            self.prepared.discard()
+            self.prepared = None
         self.channel.close()
 
     def handle(self, message: dict[str, Any], fds: list[int]) -> dict[str, Any] | None:
         op = message.get("op")
+        if op == "prepare":
+            return self.prepare(message)
         if op == "launch":
             return self.launch(message, fds)
         if op == "fence":
@@ -480,6 +486,21 @@ class Session:
 
     # -- a turn's process
 
+    def prepare(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Fork the turn's first process ahead of its launch, into the turn's cgroups (named
+        by the server, checked as ``fence`` checks them): it is born inside them, and moving
+        it there (a grace period of the kernel's) happens before the turn is asked for."""
+        if self.child is not None or self.prepared is not None:
+            raise LauncherError("one launch per connection")
+        checked = self._turn_cgroups(message.get("cgroups"))
+        if not checked:
+            raise LauncherError("a prepared process needs the cgroups it is to be born in")
+        try:
+            self.prepared = Prepared.fork(checked)
+        finally:
+            close_all(checked)
+        return {"prepared": self.prepared.pid}
+
     def launch(self, message: dict[str, Any], fds: list[int]) -> dict[str, Any]:
         if self.child is not None:
             raise LauncherError("one launch per connection")
@@ -489,8 +510,13 @@ class Session:
             raise LauncherError("argv must be a list of strings")
         program = check_program(argv[0])
         places = _check_targets(targets, len(fds))
-        pid = _start(program, argv, places, fds, uid, gid)
-        self.child = Child(pid, os.pidfd_open(pid), uid, gid)
+        if self.prepared is not None:
+            prepared, self.prepared = self.prepared, None
+            pid, pidfd = prepared.start(program, argv, places, fds, uid, gid), prepared.pidfd
+        else:
+            pid = _start(program, argv, places, fds, uid, gid)
+            pidfd = os.pidfd_open(pid)
+        self.child = Child(pid, pidfd, uid, gid)
         asyncio.get_running_loop().add_reader(self.child.pidfd, self._reap)
         log.info("role %s: started pid %d as uid %d gid %d", role, pid, uid, gid)
         return {"pid": pid, "uid": uid, "gid": gid}
@@ -528,9 +554,7 @@ class Session:
         return {"ok": True}
 
     def place(self, pid: int, cgroups: object) -> None:
-        if not isinstance(cgroups, list) or not all(isinstance(c, str) for c in cgroups):
-            raise LauncherError("cgroups must be a list of paths")
-        checked = [self._turn_cgroup(c) for c in cgroups]
+        checked = self._turn_cgroups(cgroups)
         try:
             for fd in checked:
                 procs = os.open(
@@ -542,6 +566,19 @@ class Session:
                     os.close(procs)
         finally:
             close_all(checked)
+
+    def _turn_cgroups(self, cgroups: object) -> list[int]:
+        """``O_PATH`` descriptors of ``cgroups``, each a turn cgroup the server made."""
+        if not isinstance(cgroups, list) or not all(isinstance(c, str) for c in cgroups):
+            raise LauncherError("cgroups must be a list of paths")
+        checked: list[int] = []
+        try:
+            for path in cgroups:
+                checked.append(self._turn_cgroup(path))
+        except BaseException:
+            close_all(checked)
+            raise
+        return checked
 
     def _turn_cgroup(self, path: str) -> int:
         """An ``O_PATH`` descriptor for ``path`` if it is a turn cgroup the server made."""
@@ -678,6 +715,122 @@ def _start(
         os.waitpid(pid, 0)
         raise LauncherError(f"could not start {argv[0]} as uid {uid}: {failure.decode()}")
     return pid
+
+
+@dataclass
+class Prepared:
+    """A child forked ahead of its launch: in the turn's cgroups, waiting for its job as root.
+
+    It keeps nothing of the launcher's but its job socket, its two report pipes
+    and (until it moved itself) the cgroup directories; it runs nothing until a
+    ``launch`` on its connection, checked as any launch is, hands it what to
+    execute. Its connection closing kills it, as it kills a launched turn.
+    """
+
+    pid: int
+    pidfd: int
+    jobs: socket.socket
+    ready: int
+    """Read end: a newline once it is in its cgroups, else why it is not (nothing: it died)."""
+    errors: int
+    """Read end: nothing once it executed its program (close-on-exec), else why not."""
+
+    @classmethod
+    def fork(cls, cgroups: Sequence[int]) -> Prepared:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ready_read, ready_write = os.pipe()
+        errors_read, errors_write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: waits in its cgroups, then execs or reports; never returns
+            _prepared_child(theirs.fileno(), ready_write, errors_write, cgroups)
+        theirs.close()
+        close_all([ready_write, errors_write])
+        return cls(pid, os.pidfd_open(pid), ours, ready_read, errors_read)
+
+    def start(
+        self, program: str, argv: list[str], targets: list[int], fds: list[int], uid: int, gid: int
+    ) -> int:
+        """Hand the (checked) job over; its pid once it executed ``program`` as ``uid:gid``."""
+        try:
+            placed = _read_until_eof(self.ready, HELPER_TIMEOUT_S)
+            if placed != b"\n":
+                why = placed.decode(errors="replace").strip() or "it died"
+                raise LauncherError(f"the prepared process is not in the turn's cgroups: {why}")
+            job = {"program": program, "argv": argv, "targets": targets, "uid": uid, "gid": gid}
+            _send_job(self.jobs, job, fds)
+            failure = _read_until_eof(self.errors, HELPER_TIMEOUT_S)
+            if failure:
+                raise LauncherError(f"could not start {argv[0]} as uid {uid}: {failure.decode()}")
+        except BaseException:
+            self.discard()
+            raise
+        close_all([self.ready, self.errors])
+        self.jobs.close()
+        return self.pid
+
+    def discard(self) -> None:
+        """Kill it (it never ran anything of a turn), reap it, and let go of its descriptors."""
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+        self.jobs.close()
+        close_all([self.ready, self.errors, self.pidfd])
+
+
+def _prepared_child(jobs: int, ready: int, errors: int, cgroups: Sequence[int]) -> NoReturn:
+    try:
+        try:
+            _keep_only({jobs, ready, errors, *cgroups})
+            signal.set_wakeup_fd(-1)
+            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(signum, signal.SIG_DFL)  # the launcher's, not a turn's
+            me = f"{os.getpid()}\n".encode()
+            for directory in cgroups:
+                procs = os.open("cgroup.procs", os.O_WRONLY | os.O_NOFOLLOW, dir_fd=directory)
+                try:
+                    os.write(procs, me)
+                finally:
+                    os.close(procs)
+            close_all(cgroups)
+        except BaseException as exc:
+            _write_all(ready, f"{type(exc).__name__}: {exc}".encode()[:2000])
+            os._exit(127)
+        _write_all(ready, b"\n")
+        os.close(ready)
+        job, fds = _recv_job(socket.socket(fileno=jobs))
+        if job is None:
+            os._exit(0)  # its connection closed before a launch
+        program, argv, targets = job["program"], job["argv"], job["targets"]
+        uid, gid = int(job["uid"]), int(job["gid"])
+    except BaseException:
+        os._exit(127)
+    _exec_child(program, argv, targets, fds, uid, gid, errors)
+
+
+MAX_JOB = 1 << 20
+
+
+def _send_job(sock: socket.socket, job: dict[str, Any], fds: Sequence[int]) -> None:
+    chunks = [fds[i : i + MAX_FDS] for i in range(0, len(fds), MAX_FDS)] or [()]
+    head = json.dumps({**job, "nfds": len(fds)}).encode()
+    for i, chunk in enumerate(chunks):
+        socket.send_fds(sock, [head if i == 0 else b"."], list(chunk))
+
+
+def _recv_job(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
+    data, fds, flags, _ = socket.recv_fds(sock, MAX_JOB, MAX_FDS)
+    if not data:
+        return None, []
+    job = json.loads(data)
+    while len(fds) < job["nfds"] and not flags & socket.MSG_CTRUNC:
+        more, got, flags, _ = socket.recv_fds(sock, 16, MAX_FDS)
+        if not more:
+            raise EOFError("the job's descriptors did not all arrive")
+        fds += got
+    if flags & socket.MSG_CTRUNC or len(fds) != job["nfds"]:
+        raise LauncherError("the job's descriptors were cut off")
+    return job, fds
 
 
 def _exec_child(

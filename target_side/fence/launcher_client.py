@@ -13,8 +13,11 @@ is for the launcher's eyes only.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import logging
 import os
+import secrets
 import socket
 import time
 from collections import deque
@@ -24,10 +27,16 @@ from typing import Any
 
 from target_side.errors import LauncherError
 from target_side.fence import pipes
+from target_side.fence.cgroupfs import TURN_PREFIX
 from target_side.fence.gate import Gate
 from target_side.fence.launcher import Channel, close_all
 from target_side.fence.limits import TurnLimits
+from target_side.fence.nursery import remove_when_empty
 
+log = logging.getLogger("paddock.target")
+
+IDLE_LAUNCHES = 2
+"""Launches kept prepared: turns starting closer together than a grace period share them."""
 START_HINT = (
     "start it: systemctl start paddock-launcher (with systemd), "
     "or as root PREFIX/bin/paddock-supervise start"
@@ -115,7 +124,15 @@ class ViaLauncher:
                 ours.append(read)
             if {0, 1, 2} & set(pass_fds):
                 raise LauncherError("the server's own stdio is closed: a descriptor took 0, 1 or 2")
-            channel = await self.connect()
+            prepared = limits.worker if limits is not None else None
+            if isinstance(prepared, PreparedLaunch):
+                # Its first process waits in the turn's cgroups already, on this connection;
+                # the fence has no gate, so it runs there or nowhere.
+                if prepared.channel is None:
+                    raise LauncherError("the turn's prepared launch was closed before its launch")
+                channel, prepared.channel = prepared.channel, None
+            else:
+                channel = await self.connect()
             request = {"op": "launch", "role": role, "uid": ids[0], "gid": ids[1]}
             request |= {"argv": list(argv), "fds": [0, 1, 2, *pass_fds]}
             await channel.send(request, [*theirs, *pass_fds])
@@ -163,9 +180,175 @@ class ViaLauncher:
     ) -> Callable[[], list[str]] | None:
         return None  # the launcher audits, as root, asked over its socket
 
+    def prepared_launches(
+        self, loop: asyncio.AbstractEventLoop, parents: Sequence[Path]
+    ) -> PreparedLaunches:
+        """Launches kept prepared, their first processes forked into slot cgroups below
+        ``parents`` ahead of the turns that take them."""
+        return PreparedLaunches(loop, self, parents)
+
     async def hello(self) -> tuple[int, dict[str, Any]]:
         """The launcher's pid (from the kernel) and what it says of itself (or its refusal)."""
         return await self._ask({"op": "hello"})
+
+
+class PreparedLaunch:
+    """A launch the launcher prepared ahead: its first process forked into this slot's
+    cgroups (``dirs``, the server's), waiting on ``channel`` for the turn that takes it.
+
+    Through the launcher, a fence placed after it started waited at its gate
+    for a round trip to the launcher and for the move itself, which costs the
+    kernel an RCU grace period (measured here at 6.8-10.2 ms a move, cgroup v1
+    or v2, before a remount with ``favordynmods`` made moves cheap until the
+    next boot); a fence prepared this way is born inside its cgroups, and its
+    launch needs no fork on the turn's way either.
+    """
+
+    def __init__(self, dirs: list[Path]) -> None:
+        self.dirs = dirs
+        self.channel: Channel | None = None
+        self.ready: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+    @property
+    def seats(self) -> int:
+        return 1 if self.dirs else 0  # bubblewrap's outer process, born inside with the rest
+
+    @property
+    def is_settled(self) -> bool:
+        return self.ready.done() and self.ready.result()
+
+    def discard(self) -> None:
+        if self.channel is not None:
+            self.channel.close()  # the launcher kills what it prepared
+            self.channel = None
+
+    def join(self, timeout: float | None = None) -> None:
+        return  # nothing of the server's waits there: the launcher reaps what it forked
+
+
+class PreparedLaunches:
+    """A couple of prepared launches kept ready, each replaced once a turn took it.
+
+    A launcher that cannot prepare one (an older one, or cgroups it refuses)
+    stops the keeping: turns are then launched and placed as before.
+    """
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        via: ViaLauncher,
+        parents: Sequence[Path],
+        idle: int = IDLE_LAUNCHES,
+    ) -> None:
+        self._loop = loop
+        self._via = via
+        self._parents = tuple(parents)
+        self._idle: list[PreparedLaunch] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+        for _ in range(idle):
+            self._replace()
+
+    def take(self) -> PreparedLaunch | None:
+        for launch in self._idle:
+            if launch.is_settled:
+                self._idle.remove(launch)
+                self._replace()
+                return launch
+        return None
+
+    def close(self) -> None:
+        """End the prepared processes and remove their slots (blocking, briefly; from any
+        thread: what touches the loop's connections runs on the loop)."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+
+        def stop() -> None:
+            for task in self._tasks:
+                task.cancel()
+            for launch in idle:
+                launch.discard()  # the launcher kills and reaps each
+
+        _on_loop(self._loop, stop)
+        for launch in idle:
+            remove_when_empty(launch.dirs)
+
+    def _replace(self) -> None:
+        if self._closed:
+            return
+        launch = PreparedLaunch([])
+        self._idle.append(launch)
+        task = self._loop.create_task(self._prepare(launch))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _prepare(self, launch: PreparedLaunch) -> None:
+        name = f"{TURN_PREFIX}{os.getpid()}-t-{secrets.token_hex(16)}"
+        try:
+            launch.dirs = await asyncio.to_thread(_make_slot, self._parents, name)
+            channel = await self._via.connect()
+            launch.channel = channel
+            await channel.send({"op": "prepare", "cgroups": [str(d) for d in launch.dirs]})
+            reply, fds = await channel.recv()
+            close_all(fds)
+            if "error" in reply:
+                raise LauncherError(f"the launcher refused: {reply['error']}")
+        except (OSError, EOFError, LauncherError) as exc:
+            self._give_up(launch, exc)
+            return
+        except asyncio.CancelledError:
+            launch.discard()
+            raise
+        launch.ready.set_result(True)
+
+    def _give_up(self, launch: PreparedLaunch, exc: BaseException) -> None:
+        if not self._closed:
+            log.warning(
+                "the launcher prepared no launch ahead (%s); turns are placed in their cgroups "
+                "once started, as before",
+                exc,
+            )
+        self._closed = True
+        launch.discard()
+        if launch in self._idle:
+            self._idle.remove(launch)
+        remove_when_empty(launch.dirs)
+        launch.ready.set_result(False)
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop, call: Callable[[], None]) -> None:
+    """``call()`` on ``loop``'s thread, waited for: at once if this is it."""
+    with contextlib.suppress(RuntimeError):
+        if asyncio.get_running_loop() is loop:
+            call()
+            return
+    done = concurrent.futures.Future[None]()
+
+    def run() -> None:
+        try:
+            call()
+        finally:
+            done.set_result(None)
+
+    try:
+        loop.call_soon_threadsafe(run)
+    except RuntimeError:
+        call()  # the loop has closed: nothing of it runs any more
+        return
+    with contextlib.suppress(concurrent.futures.TimeoutError):
+        done.result(timeout=5)
+
+
+def _make_slot(parents: Sequence[Path], name: str) -> list[Path]:
+    made: list[Path] = []
+    try:
+        for parent in parents:
+            (parent / name).mkdir(mode=0o755)
+            made.append(parent / name)
+    except OSError:
+        remove_when_empty(made)
+        raise
+    return made
 
 
 class LaunchedProcess:
@@ -239,7 +422,10 @@ class LaunchedProcess:
         return out, err
 
     async def adopt(self, pid: int, pid_ns: int | None, limits: TurnLimits | None) -> None:
-        cgroups = [str(path) for path in limits.dirs] if limits is not None else []
+        # Born inside its cgroups (a prepared launch): held, and nothing moved (a move costs
+        # the kernel a grace period, even into the cgroups a process is in already).
+        placed = limits is None or limits.born_inside
+        cgroups = [str(path) for path in limits.dirs] if limits is not None and not placed else []
         reply = await self._request({"op": "fence", "pid": pid, "cgroups": cgroups})
         if reply.get("gone"):
             raise ProcessLookupError(reply.get("error"))

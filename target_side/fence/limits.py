@@ -64,7 +64,7 @@ from target_side.fence.cgroupfs import (
     words,
     write_control,
 )
-from target_side.fence.nursery import Nursery, Worker, send_away
+from target_side.fence.nursery import Nursery, Slot, Slots, send_away
 
 log = logging.getLogger("paddock.target")
 
@@ -125,15 +125,24 @@ class Limiter:
     def __init__(self, hierarchies: Iterable[Hierarchy], rlimits: bool = True) -> None:
         self.hierarchies = tuple(hierarchies)
         self.rlimits = rlimits
-        self.nursery: Nursery | None = None
+        self.nursery: Slots | None = None
 
     def start_nursery(self, loop: asyncio.AbstractEventLoop) -> None:
         """Keep workers settled in fresh turn cgroups (``fence.nursery``): cgroup v1 only."""
         if self.hierarchies and all(h.version == 1 for h in self.hierarchies):
-            self.nursery = Nursery(loop, [h.turn_parent for h in self.hierarchies])
+            self.nursery = Nursery(loop, self.turn_parents())
+
+    def keep_slots(self, slots: Slots) -> None:
+        """Take turns' slots from ``slots`` (prepared by the launcher, for a server whose
+        fences the launcher starts), instead of a nursery of the server's own threads."""
+        self.nursery = slots
+
+    def turn_parents(self) -> list[Path]:
+        """Where each hierarchy's turn cgroups go, in the order a slot's ``dirs`` follow."""
+        return [h.turn_parent for h in self.hierarchies]
 
     def close(self) -> None:
-        """Stop the nursery (blocking, briefly): its settled workers end, their slots go."""
+        """Stop the nursery (blocking, briefly): what waits in its slots ends, the slots go."""
         if self.nursery is not None:
             self.nursery.close()
             self.nursery = None
@@ -217,12 +226,13 @@ class Limiter:
         (event loop: a settled worker is taken where one is free)."""
         return self.make_for_turn(turn_id, limits, self.take_worker())
 
-    def take_worker(self) -> Worker | None:
-        """A worker settled in a slot of fresh cgroups, if one is free (event loop only)."""
+    def take_worker(self) -> Slot | None:
+        """A slot of fresh cgroups ready for a turn's first process, if one is free (event
+        loop only)."""
         return self.nursery.take() if self.nursery is not None else None
 
     def make_for_turn(
-        self, turn_id: str, limits: PlannedLimits, worker: Worker | None = None
+        self, turn_id: str, limits: PlannedLimits, worker: Slot | None = None
     ) -> TurnLimits:
         """``for_turn`` with the worker already taken, on any thread (blocking).
 
@@ -308,8 +318,9 @@ class TurnLimits:
     name: str
     limits: PlannedLimits
     dirs: dict[Path, Hierarchy] = field(default_factory=dict)
-    worker: Worker | None = None
-    """A thread of the server settled in these cgroups, to start the turn's first process."""
+    worker: Slot | None = None
+    """What waits in these cgroups to start the turn's first process: a thread of the
+    server's settled there, or a process the launcher forked into them."""
 
     @property
     def born_inside(self) -> bool:
@@ -323,7 +334,7 @@ class TurnLimits:
         self.dirs[path] = hierarchy
         self._write_limits(path, hierarchy)
 
-    def take_slot(self, worker: Worker) -> None:
+    def take_slot(self, worker: Slot) -> None:
         """The worker's slot, renamed for this turn, with its limits written."""
         for slot, hierarchy in zip(worker.dirs, self.limiter.hierarchies, strict=True):
             path = slot.parent / self.name
@@ -408,7 +419,7 @@ class TurnLimits:
             return
         self._try_remove()
 
-    def _removed_after(self, worker: Worker | None) -> bool:
+    def _removed_after(self, worker: Slot | None) -> bool:
         """``_try_remove`` once ``worker`` has ended (blocking): it ends once it has reaped
         the turn's process, which takes it out of the cgroups."""
         if worker is not None:

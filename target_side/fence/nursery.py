@@ -75,6 +75,32 @@ class Watch(Protocol):
     def abandoned(self) -> None: ...
 
 
+class Slot(Protocol):
+    """Fresh turn cgroups (one per hierarchy) with the next turn's first process-to-be in
+    them: a settled ``Worker`` here, a prepared launch through the launcher
+    (``launcher_client.PreparedLaunch``). A turn takes it over (its cgroups renamed for it)."""
+
+    dirs: list[Path]
+
+    @property
+    def seats(self) -> int:
+        """Tasks in the turn's cgroups that are not the turn's own (``pids.max`` counts them)."""
+
+    def discard(self) -> None:
+        """Not needed after all: whatever waits in the slot ends."""
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait (briefly) until the slot's cgroups can be removed."""
+
+
+class Slots(Protocol):
+    """Slots kept ready, each replaced once taken."""
+
+    def take(self) -> Slot | None: ...
+
+    def close(self) -> None: ...
+
+
 class Worker:
     """One thread: settles into a slot of fresh cgroups (if given), starts one process, waits.
 
@@ -262,9 +288,9 @@ def _tell(step: Callable[..., None], *args: Any) -> None:
         log.exception("a turn worker's watch failed")
 
 
-def send_away(worker: Worker, dirs: Sequence[Path] | None = None) -> None:
-    """A taken worker not needed after all: it ends, and its cgroups (``dirs``, its slot's if
-    None) are removed (blocking, briefly)."""
+def send_away(worker: Slot, dirs: Sequence[Path] | None = None) -> None:
+    """A taken slot not needed after all: what waits there ends, and its cgroups (``dirs``,
+    the slot's if None) are removed (blocking, briefly)."""
     worker.discard()
     worker.join(1.0)
     remove_when_empty(worker.dirs if dirs is None else dirs)

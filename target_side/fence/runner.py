@@ -387,6 +387,13 @@ class RunningTurn:
             self._close_gate()
             return
         except (OSError, ValueError, LauncherError) as exc:
+            if self._gate.limits is not None and self._gate.limits.born_inside:
+                # Nothing was to be moved, and its command may have ended already: only the
+                # hold failed, and signals reach bubblewrap instead, which takes the fence along.
+                log.info(
+                    "fence %d of bubblewrap %d was not held: %s", sandbox_pid, self._proc.pid, exc
+                )
+                return
             self._limit_failure = f"the turn's limits could not be applied; it did not run: {exc}"
             self.kill()
             self._close_gate()

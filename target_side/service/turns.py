@@ -73,8 +73,9 @@ from target_side.fence.launch import (
     launch_turn,
     start_turn,
 )
+from target_side.fence.launcher_client import ViaLauncher
 from target_side.fence.limits import Limiter, Totals, TurnLimits
-from target_side.fence.nursery import Worker, send_away
+from target_side.fence.nursery import Slot, send_away
 from target_side.fence.runner import Outcome, RunningTurn
 from target_side.fence.session_fence import SessionTurn
 from target_side.policy import refusals
@@ -259,6 +260,10 @@ class TurnManager:
             await asyncio.to_thread(warm_spawning)
             if isinstance(self.identity, InProcess):
                 self.limiter.start_nursery(asyncio.get_running_loop())
+            elif isinstance(self.identity, ViaLauncher) and self.limiter.hierarchies:
+                loop = asyncio.get_running_loop()
+                parents = self.limiter.turn_parents()
+                self.limiter.keep_slots(self.identity.prepared_launches(loop, parents))
             # The fence's /etc copied now, not by the first turn (a copy takes a while).
             with contextlib.suppress(OSError):
                 await asyncio.to_thread(self.etc.current)
@@ -571,7 +576,7 @@ class TurnManager:
         record: TurnRecord,
         request: TurnRequest,
         refused: RefusedError | None,
-        worker: Worker | None,
+        worker: Slot | None,
         loop: asyncio.AbstractEventLoop,
     ) -> Planned:
         """``_make_and_plan`` on a planning thread, counted while it is there."""
@@ -605,7 +610,7 @@ class TurnManager:
         request: TurnRequest,
         loop: asyncio.AbstractEventLoop,
         refused: RefusedError | None = None,
-        worker: Worker | None = None,
+        worker: Slot | None = None,
     ) -> Planned:
         """The turn's spool made on disk, its fence planned, its role's home made where that
         needs no one else, its cgroups made (blocking; with ``worker``'s slot if one was
