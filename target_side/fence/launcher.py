@@ -21,6 +21,14 @@ its choosing or an environment from the request:
   connection per turn, held for the process's life: the launcher answers with
   the pid, later with the exit status (it reaps the child), and SIGKILLs the
   turn if the connection closes first (the server died).
+- ``prepare`` (instead, first, on a turn's connection): the launcher forks the
+  child ahead of the launch, into the turn cgroups the request names (each
+  checked as ``fence`` checks them); the child moves itself there, keeps
+  nothing of the launcher's but its job socket and two report pipes, and
+  waits as root, running nothing. The ``launch`` that follows on the same
+  connection, checked as any launch is, hands it the job (program, argv, the
+  descriptors, the role's ids); it then does what a launched child does, born
+  inside the turn's cgroups. The connection closing first kills it.
 - On that connection: ``fence`` names the fence's first process (checked to be
   the launched process's child) and the turn's cgroup directories, which the
   launcher writes the blocked pid into after checking each is a turn cgroup
