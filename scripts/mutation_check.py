@@ -996,6 +996,15 @@ MUTATIONS += (
         ("tests/test_launcher.py -k places_the_fence",),
     ),
     Mutation(
+        # A launcher that cannot prepare: the slots made for it stay behind, and the server
+        # keeps offering launches that were never prepared.
+        "refused-preparation-taken-for-ready",
+        "target_side/fence/launcher_client.py",
+        "        launch.ready.set_result(False)\n",
+        "        launch.ready.set_result(True)\n",
+        ("tests/test_launcher.py -k prepares_launches_as_before",),
+    ),
+    Mutation(
         # The launcher forks a prepared process into any cgroup it is named.
         "launcher-prepares-in-any-cgroup",
         "target_side/fence/launcher.py",

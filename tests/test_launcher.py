@@ -932,3 +932,43 @@ def test_server_sends_nothing_to_a_launcher_that_is_not_root(host: Host) -> None
     finally:
         listener.kill()
         fake.unlink(missing_ok=True)
+
+
+def test_server_without_a_launcher_that_prepares_launches_as_before(tmp_path: Path) -> None:
+    # A launcher that does not know "prepare" (an older one) refuses it: the server says so
+    # once, removes the slots it made, and gives every turn a plain launch from then on.
+    async def exchange() -> tuple[list[object], list[Path]]:
+        path = str(tmp_path / "launcher.sock")
+        asked: list[object] = []
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        listener.listen()
+        listener.setblocking(False)
+
+        async def refuse_each() -> None:
+            while True:
+                conn, _ = await asyncio.get_running_loop().sock_accept(listener)
+                channel = Channel(conn)
+                message, _ = await channel.recv()
+                asked.append(message.get("op"))
+                await channel.send({"error": "unknown request 'prepare'"})
+                channel.close()
+
+        serving = asyncio.create_task(refuse_each())
+        parents = [tmp_path / "pids", tmp_path / "memory"]
+        for parent in parents:
+            parent.mkdir()
+        launches = ViaLauncher(path).prepared_launches(asyncio.get_running_loop(), parents)
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if len(asked) == 2 and not any(p.iterdir() for p in parents):
+                break
+        taken = launches.take()
+        launches.close()
+        serving.cancel()
+        listener.close()
+        return [*asked, taken], [entry for p in parents for entry in p.iterdir()]
+
+    asked, left = asyncio.run(exchange())
+    assert asked == ["prepare", "prepare", None], asked
+    assert left == [], left

@@ -294,14 +294,14 @@ class PreparedLaunches:
             if "error" in reply:
                 raise LauncherError(f"the launcher refused: {reply['error']}")
         except (OSError, EOFError, LauncherError) as exc:
-            self._give_up(launch, exc)
+            await self._give_up(launch, exc)
             return
         except asyncio.CancelledError:
             launch.discard()
             raise
         launch.ready.set_result(True)
 
-    def _give_up(self, launch: PreparedLaunch, exc: BaseException) -> None:
+    async def _give_up(self, launch: PreparedLaunch, exc: BaseException) -> None:
         if not self._closed:
             log.warning(
                 "the launcher prepared no launch ahead (%s); turns are placed in their cgroups "
@@ -312,8 +312,9 @@ class PreparedLaunches:
         launch.discard()
         if launch in self._idle:
             self._idle.remove(launch)
-        remove_when_empty(launch.dirs)
         launch.ready.set_result(False)
+        # Off the loop: a process the launcher is still killing keeps the slot busy a moment.
+        await asyncio.to_thread(remove_when_empty, launch.dirs)
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop, call: Callable[[], None]) -> None:
