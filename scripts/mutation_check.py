@@ -1005,6 +1005,14 @@ MUTATIONS += (
         ("tests/test_launcher.py -k prepares_launches_as_before",),
     ),
     Mutation(
+        # The launcher vouches for every turn's protected names as it reaps it.
+        "launcher-reaps-and-calls-everything-clean",
+        "target_side/fence/launcher.py",
+        '            ended["clean"] = not audit.deviations(child.expected)\n',
+        '            ended["clean"] = True\n',
+        ("tests/test_launcher.py -k plants_a_protected_name",),
+    ),
+    Mutation(
         # The launcher forks a prepared process into any cgroup it is named.
         "launcher-prepares-in-any-cgroup",
         "target_side/fence/launcher.py",

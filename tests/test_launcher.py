@@ -489,6 +489,20 @@ def test_launcher_wall_time_kills_the_turn(host: Host, client: httpx.Client) -> 
     assert wait_until(lambda: not processes_with("sleep", "313.5"))
 
 
+def test_launcher_turn_that_plants_a_protected_name_has_it_moved_aside(
+    host: Host, client: httpx.Client
+) -> None:
+    # The launcher looks at the turn's protected names as it reaps it; only what it finds
+    # not as planned costs the audit request (and its fork as the role): this one does.
+    turn, evs = run(client, ["sh", "-c", "echo planted > .envrc"], cwd=str(host.workspace()))
+    assert turn.exit_code == 0, evs
+    moved = list(host.workspace().glob(f".envrc.paddock-quarantined-{turn.turn_id}"))
+    assert moved and not (host.workspace() / ".envrc").exists(), evs
+    assert any(".envrc appeared during the turn" in str(getattr(e, "message", "")) for e in evs)
+    clean, _ = run(client, ["true"], cwd=str(host.workspace()))
+    assert clean.exit_code == 0
+
+
 def test_launcher_terminal_turn_gets_its_pty(host: Host, client: httpx.Client) -> None:
     turn, evs = run(client, ["stty", "size"], tty={"rows": 21, "cols": 77})
     assert turn.exit_code == 0, evs

@@ -378,9 +378,10 @@ def test_session_shell_processes_are_the_roles_on_the_host(
     client: httpx.Client, session: Session, target: Target
 ) -> None:
     uid, _ = target.settings.role_ids("builder")
-    turn = submit(client, argv=["sleep", "31"], session=session.session_id)
-    assert wait_until(lambda: bool(host_processes_with("sleep\x0031")))
-    for pid in host_processes_with("sleep\x0031"):
+    # The whole argument, ended: another test's "sleep 313.5" (another uid) must not match.
+    turn = submit(client, argv=["sleep", "31.7"], session=session.session_id)
+    assert wait_until(lambda: bool(host_processes_with("sleep\x0031.7\x00")))
+    for pid in host_processes_with("sleep\x0031.7\x00"):
         assert os.stat(f"/proc/{pid}").st_uid == uid
     host = host_processes_with("session-host.py")
     assert host, "the session host runs on the host as a process"

@@ -21,6 +21,8 @@ from target_side.fence.nofollow import open_no_follow
 log = logging.getLogger("paddock.target")
 
 QUARANTINE_SUFFIX = ".paddock-quarantined-"
+Protected = tuple[str, Mapping[str, str | None]]
+"""A turn's id and the protected paths its audit checks (``FencePlan.audit``)."""
 
 
 def enforce(expected: Mapping[str, str | None], turn_id: str) -> list[str]:

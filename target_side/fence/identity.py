@@ -35,6 +35,7 @@ from typing import Protocol
 
 from target_side.config import Settings
 from target_side.fence import audit, home, pipes, thread_ids
+from target_side.fence.audit import Protected
 from target_side.fence.gate import Gate, StartWatch
 from target_side.fence.launcher_client import ViaLauncher, WriteProtocol
 from target_side.fence.limits import TurnLimits
@@ -61,6 +62,9 @@ class FenceProcess(Protocol):
     status: asyncio.StreamReader | None
     """bubblewrap's status lines, where whoever started it reads its status pipe (and opens
     its gate); None: the runner reads the pipe itself."""
+    clean: bool
+    """Once it ended: whoever reaped it found the turn's protected paths as planned (the
+    launcher looks as it reaps), so no audit is left to ask for; False: not looked at."""
 
     @property
     def returncode(self) -> int | None: ...
@@ -121,10 +125,12 @@ class Identity(Protocol):
         *,
         terminal: int | None = None,
         gate: Gate | None = None,
+        protected: Protected | None = None,
     ) -> FenceProcess:
         """Start ``argv`` as ``ids``; ``limits`` may let it be born inside its cgroups; with
         ``terminal`` (a pty's other side) as its stdin, stdout and stderr. ``gate``: the
-        fence's, which this may take over (``fence.gate``)."""
+        fence's, which this may take over (``fence.gate``). ``protected``: the turn's id and
+        the paths its audit checks, for whoever reaps it to look at first (``clean``)."""
 
     def spawn_here(self, loop: asyncio.AbstractEventLoop) -> SpawnHere | None:
         """``spawn`` in two halves, for a caller on a thread of its own: the first starts
@@ -174,7 +180,9 @@ class InProcess:
         *,
         terminal: int | None = None,
         gate: Gate | None = None,
+        protected: Protected | None = None,
     ) -> FenceProcess:
+        # ``protected``: audited on the end's own thread here, which costs no request.
         loop = asyncio.get_running_loop()
         spawning = self.start(
             loop, ids, argv, pass_fds, stdin_open, limits, terminal=terminal, gate=gate
@@ -337,6 +345,7 @@ class LocalProcess:
         self._pidfd = pidfd
         self._watch = watch
         self.status = watch.lines if watch is not None else None
+        self.clean = False  # audited after it, on the end's thread
         self.started_at = started_at
         self.pid = process.pid
         self.stdin: asyncio.StreamWriter | None = None

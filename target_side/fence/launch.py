@@ -335,7 +335,9 @@ async def launch_turn(
             limits = limiter.for_turn(plan.turn_id, plan.limits)
     fence = _Fence.prepare(bwrap, plan, limits, inject, extra_fds)
     with fence.undone_on_failure():
-        process = await fence.start_with(starter.spawn, plan.role, (plan.uid, plan.gid))
+        protected = (plan.turn_id, plan.audit)
+        ids = (plan.uid, plan.gid)
+        process = await fence.start_with(starter.spawn, plan.role, ids, protected=protected)
     return fence.running(process, emit, kind)
 
 
@@ -426,8 +428,9 @@ class _Fence:
                 opened += (fence.master, fence.terminal)
         return fence
 
-    def start_with(self, start: Callable[..., T], *first: object) -> T:
-        """``start`` (a spawn, or its first half) called with ``first`` and this fence."""
+    def start_with(self, start: Callable[..., T], *first: object, **more: object) -> T:
+        """``start`` (a spawn, or its first half) called with ``first``, this fence, and
+        ``more`` of what it takes by name."""
         return start(
             *first,
             self.argv,
@@ -436,6 +439,7 @@ class _Fence:
             self.limits,
             terminal=self.terminal,
             gate=self.gate,
+            **more,
         )
 
     def undone_on_failure(self) -> contextlib.AbstractContextManager[None]:

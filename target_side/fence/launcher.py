@@ -20,7 +20,11 @@ its choosing or an environment from the request:
   ``argv[0]`` must be a root-owned file in root-owned directories. One
   connection per turn, held for the process's life: the launcher answers with
   the pid, later with the exit status (it reaps the child), and SIGKILLs the
-  turn if the connection closes first (the server died).
+  turn if the connection closes first (the server died). A launch may name
+  the turn's protected paths (``turn_id``, ``expected``, checked as
+  ``audit``'s are): the exit status then says whether they were as planned
+  when the launcher reaped the turn (``clean``), looked at as ``audit``
+  first looks, so the server of a clean turn asks no ``audit``.
 - ``prepare`` (instead, first, on a turn's connection): the launcher forks the
   child ahead of the launch, into the turn cgroups the request names (each
   checked as ``fence`` checks them); the child moves itself there, keeps
@@ -429,6 +433,8 @@ class Child:
     reaper: int | None = None
     reaper_pid: int | None = None
     done: bool = False
+    expected: dict[str, str | None] | None = None
+    """The turn's protected paths: looked at (as root, changing nothing) once it is reaped."""
 
 
 class Session:
@@ -518,13 +524,15 @@ class Session:
             raise LauncherError("argv must be a list of strings")
         program = check_program(argv[0])
         places = _check_targets(targets, len(fds))
+        # The turn's protected paths, looked at when it is reaped (its exit says how they were).
+        expected = self._protected(role, message)[1] if "expected" in message else None
         if self.prepared is not None:
             prepared, self.prepared = self.prepared, None
             pid, pidfd = prepared.start(program, argv, places, fds, uid, gid), prepared.pidfd
         else:
             pid = _start(program, argv, places, fds, uid, gid)
             pidfd = os.pidfd_open(pid)
-        self.child = Child(pid, pidfd, uid, gid)
+        self.child = Child(pid, pidfd, uid, gid, expected=expected)
         asyncio.get_running_loop().add_reader(self.child.pidfd, self._reap)
         log.info("role %s: started pid %d as uid %d gid %d", role, pid, uid, gid)
         return {"pid": pid, "uid": uid, "gid": gid}
@@ -539,8 +547,13 @@ class Session:
         close_all([child.pidfd, *([child.reaper] if child.reaper is not None else [])])
         code = os.waitstatus_to_exitcode(status)
         log.info("pid %d (uid %d) ended: %d", child.pid, child.uid, code)
+        ended: dict[str, Any] = {"exit": code}
+        if child.expected is not None:
+            # Nothing of the turn is left (its pid namespace died with bubblewrap's child): as
+            # the audit's first look would find them, said now; the server asks only if not.
+            ended["clean"] = not audit.deviations(child.expected)
         if self.channel.sock.fileno() >= 0:
-            self.channel.send_soon({"exit": code})
+            self.channel.send_soon(ended)
 
     def fence(self, message: dict[str, Any]) -> dict[str, Any]:
         """The fence's first process is up, blocked: hold it, and put it into its cgroups."""
@@ -659,6 +672,16 @@ class Session:
 
     def audit(self, message: dict[str, Any]) -> dict[str, Any]:
         role, uid, gid = self.grants.checked_ids(message)
+        turn_id, expected = self._protected(role, message)
+        if not audit.deviations(expected):
+            # Looked at as root, changing nothing: the usual end of a turn costs no fork.
+            return {"moved": []}
+        moved = as_role(uid, gid, lambda: audit.enforce(expected, turn_id))
+        return {"moved": moved}
+
+    def _protected(self, role: str, message: dict[str, Any]) -> tuple[str, dict[str, str | None]]:
+        """The turn id and the protected paths ``message`` names, each inside the role's
+        workspaces (the only paths the audit ever looks at or moves)."""
         turn_id, expected = message.get("turn_id"), message.get("expected")
         if not isinstance(turn_id, str) or not _TURN_ID.fullmatch(turn_id):
             raise LauncherError(f"turn or session id {turn_id!r} is not one paddock makes")
@@ -671,11 +694,7 @@ class Session:
             normal = isinstance(path, str) and posixpath.normpath(path) == path
             if not normal or not any(is_within(path, w) and path != w for w in workspaces):
                 raise LauncherError(f"{path!r} does not lie inside role {role!r}'s workspaces")
-        if not audit.deviations(expected):
-            # Looked at as root, changing nothing: the usual end of a turn costs no fork.
-            return {"moved": []}
-        moved = as_role(uid, gid, lambda: audit.enforce(expected, turn_id))
-        return {"moved": moved}
+        return turn_id, expected
 
 
 def _check_targets(targets: object, count: int) -> list[int]:

@@ -27,6 +27,7 @@ from typing import Any
 
 from target_side.errors import LauncherError
 from target_side.fence import pipes
+from target_side.fence.audit import Protected
 from target_side.fence.cgroupfs import TURN_PREFIX
 from target_side.fence.gate import Gate
 from target_side.fence.launcher import Channel, close_all
@@ -101,6 +102,7 @@ class ViaLauncher:
         *,
         terminal: int | None = None,
         gate: Gate | None = None,
+        protected: Protected | None = None,
     ) -> LaunchedProcess:
         # ``limits``: placed by the launcher once the fence is up (``adopt``), never born inside.
         # ``gate``: left to the runner, on the event loop; this server holds no thread per turn.
@@ -135,6 +137,9 @@ class ViaLauncher:
                 channel = await self.connect()
             request = {"op": "launch", "role": role, "uid": ids[0], "gid": ids[1]}
             request |= {"argv": list(argv), "fds": [0, 1, 2, *pass_fds]}
+            if protected is not None and protected[1]:
+                # Looked at by the launcher as it reaps the turn: a clean end asks nothing more.
+                request |= {"turn_id": protected[0], "expected": dict(protected[1])}
             await channel.send(request, [*theirs, *pass_fds])
             reply, fds = await channel.recv()
             close_all(fds)
@@ -363,6 +368,7 @@ class LaunchedProcess:
         self.stderr: asyncio.StreamReader | None = None
         self.lost: str | None = None
         self.status: asyncio.StreamReader | None = None  # the runner reads the status pipe
+        self.clean = False
         self.started_at = time.monotonic()  # started just now (the launcher's answer is here)
         self._returncode: int | None = None
         self._ended = asyncio.get_running_loop().create_future()
@@ -397,6 +403,7 @@ class LaunchedProcess:
                 close_all(fds)
                 if "exit" in message:
                     self._returncode = int(message["exit"])
+                    self.clean = message.get("clean") is True
                     break
                 if self._replies:
                     self._replies.popleft().set_result(message)

@@ -72,6 +72,8 @@ class Outcome:
     max_rss_kb: int | None = None
     failure: str | None = None
     """Why the target ended the turn itself (its spool could not take its output)."""
+    clean: bool = False
+    """Whoever reaped it found its protected paths as planned: no audit is left to ask for."""
 
 
 @dataclass
@@ -210,6 +212,7 @@ class RunningTurn:
             usage = self._read_usage()
         outcome = self._outcome(self._proc.returncode or 0)
         outcome.cpu_s, outcome.max_rss_kb = usage.cpu_s, usage.max_rss_kb
+        outcome.clean = self._proc.clean
         return outcome
 
     async def _drained(self, pumps: asyncio.Future[list[None]]) -> None:

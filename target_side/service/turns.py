@@ -786,7 +786,9 @@ class TurnManager:
         self._count_health(outcome)
         try:
             facts = {"request": _request_facts(request)} if request is not None else {}
-            await self._record_end(record, _End(_turn_json(record.turn), facts, notices), fence)
+            # Looked at as it was reaped and found as planned: no audit is left to ask for.
+            audited = None if outcome.clean else fence
+            await self._record_end(record, _End(_turn_json(record.turn), facts, notices), audited)
             _append_terminal(record)
         finally:
             # Counted until recorded: a stopping target waits for exactly this.
