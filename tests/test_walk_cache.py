@@ -41,12 +41,18 @@ def test_a_path_is_remembered_and_then_answered_without_a_walk(
     (tmp_path / "a" / "b").mkdir(parents=True)
     target = str(tmp_path / "a" / "b" / "c")
     cache = WalkCache()
-    _settle()
-    assert cache.batch()(target) == canonical_path(target)
     walks: list[str] = []
     real = walk_cache.canonical_path_and_dirs
     monkeypatch.setattr(walk_cache, "canonical_path_and_dirs", lambda p: walks.append(p) or real(p))
-    assert cache.batch()(target) == canonical_path(target)
+    # Every directory up to / is consulted, /tmp among them, which other processes change at
+    # any time: a change there rightly keeps the answer from being believed, so a few tries.
+    for _ in range(5):
+        _settle()
+        assert cache.batch()(target) == canonical_path(target)
+        walks.clear()
+        assert cache.batch()(target) == canonical_path(target)
+        if not walks:
+            break
     assert walks == []
 
 

@@ -830,7 +830,10 @@ def _prepared_child(jobs: int, ready: int, errors: int, cgroups: Sequence[int]) 
             os._exit(0)  # its connection closed before a launch
         program, argv, targets = job["program"], job["argv"], job["targets"]
         uid, gid = int(job["uid"]), int(job["gid"])
-    except BaseException:
+    except BaseException as exc:
+        # Said on the pipe the launch reads: its end of file alone would mean "executed".
+        with contextlib.suppress(BaseException):
+            _write_all(errors, f"{type(exc).__name__}: {exc}".encode()[:2000])
         os._exit(127)
     _exec_child(program, argv, targets, fds, uid, gid, errors)
 
@@ -842,7 +845,11 @@ def _send_job(sock: socket.socket, job: dict[str, Any], fds: Sequence[int]) -> N
     chunks = [fds[i : i + MAX_FDS] for i in range(0, len(fds), MAX_FDS)] or [()]
     head = json.dumps({**job, "nfds": len(fds)}).encode()
     for i, chunk in enumerate(chunks):
-        socket.send_fds(sock, [head if i == 0 else b"."], list(chunk))
+        data = head if i == 0 else b"."
+        if chunk:
+            socket.send_fds(sock, [data], list(chunk))
+        else:
+            sock.send(data)
 
 
 def _recv_job(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
