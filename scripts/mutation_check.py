@@ -1670,14 +1670,14 @@ MUTATIONS += (
     Mutation(
         "home-seen-right-through-a-symlink",
         "target_side/fence/home.py",
-        "        opened.append(os.open(HOME, DIR_FLAGS, dir_fd=opened[-1]))",
-        "        opened.append(os.open(HOME, os.O_RDONLY, dir_fd=opened[-1]))",
+        "        opened.append(os.open(HOME, LOOK_FLAGS, dir_fd=opened[-1]))",
+        "        opened.append(os.open(HOME, os.O_PATH, dir_fd=opened[-1]))",
         ("tests/test_home.py -k symlink",),
     ),
     Mutation(
         "home-always-made-under-the-lock",
         "target_side/fence/home.py",
-        "    if _as_it_should_be(state_root, role, uid, gid, owner):",
+        "    if looks_ready(state_root, role, uid, gid, owner):",
         "    if False:",
         ("tests/test_home.py -k without_the_roles_lock",),
     ),
