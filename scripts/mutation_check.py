@@ -450,7 +450,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "turn-cgroups-left-behind",
         "target_side/fence/limits.py",
-        "            if await asyncio.to_thread(self._removed_after, worker):",
+        "            if await asyncio.to_thread(self._removed_after, slot):",
         "            if True:",
         ("tests/test_limits.py::test_turn_cgroups_are_removed_when_turns_end",),
     ),
@@ -778,7 +778,7 @@ MUTATIONS += (
     Mutation(
         "worker-takes-a-turns-pid",
         "target_side/fence/limits.py",
-        "        seats = self.worker.seats if self.worker is not None else 0",
+        "        seats = self.slot.seats if self.slot is not None else 0",
         "        seats = 0",
         ("tests/test_limits.py::test_pids_limit_is_exactly_the_turns_own",),
     ),

@@ -88,12 +88,12 @@ async def test_a_taken_slot_becomes_the_turns_cgroups_with_pids_for_what_is_not_
     try:
         assert limiter.nursery is not None
         turn = await _turn_with_worker(limiter)
-        assert turn.worker is not None
+        assert turn.slot is not None
         for path, hierarchy in turn.dirs.items():
             assert path.name == f"paddock-{os.getpid()}-t-{'f' * 32}"
             assert path.parent == hierarchy.turn_parent
             tasks = (path / "tasks").read_text().split()
-            assert tasks == [str(worker_tid(turn.worker))]
+            assert tasks == [str(worker_tid(turn.slot))]
             if "pids" in hierarchy.controllers:
                 assert (path / "pids.max").read_text().strip() == str(LIMITS.pids + 2)
         turn.remove_now()
@@ -150,7 +150,7 @@ async def _turn_with_worker(limiter: Limiter, *, keep: bool = True) -> TurnLimit
                 return TurnLimits(limiter, "unused", LIMITS)
         else:
             turn = limiter.for_turn("t-" + "f" * 32, LIMITS)
-            if turn.worker is not None:
+            if turn.slot is not None:
                 return turn
             turn.remove_now()
         await asyncio.sleep(0.01)

@@ -218,7 +218,7 @@ class InProcess:
         stderr: int = subprocess.PIPE
         if terminal is not None:
             stdin = stdout = stderr = terminal
-        worker = limits.worker if limits is not None else None
+        worker = limits.slot if limits is not None else None
         spawning = Spawning(worker if isinstance(worker, Worker) else Worker(loop))
 
         def start() -> subprocess.Popen[bytes]:

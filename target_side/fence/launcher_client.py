@@ -126,7 +126,7 @@ class ViaLauncher:
                 ours.append(read)
             if {0, 1, 2} & set(pass_fds):
                 raise LauncherError("the server's own stdio is closed: a descriptor took 0, 1 or 2")
-            prepared = limits.worker if limits is not None else None
+            prepared = limits.slot if limits is not None else None
             if isinstance(prepared, PreparedLaunch):
                 # Its first process waits in the turn's cgroups already, on this connection;
                 # the fence has no gate, so it runs there or nowhere.

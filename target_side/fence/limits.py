@@ -223,31 +223,32 @@ class Limiter:
 
     def for_turn(self, turn_id: str, limits: PlannedLimits) -> TurnLimits:
         """Create ``turn_id``'s cgroups with ``limits`` written; nothing runs in them yet
-        (event loop: a settled worker is taken where one is free)."""
-        return self.make_for_turn(turn_id, limits, self.take_worker())
+        (event loop: a ready slot is taken where one is free)."""
+        return self.make_for_turn(turn_id, limits, self.take_ready_slot())
 
-    def take_worker(self) -> Slot | None:
+    def take_ready_slot(self) -> Slot | None:
         """A slot of fresh cgroups ready for a turn's first process, if one is free (event
         loop only)."""
         return self.nursery.take() if self.nursery is not None else None
 
     def make_for_turn(
-        self, turn_id: str, limits: PlannedLimits, worker: Slot | None = None
+        self, turn_id: str, limits: PlannedLimits, slot: Slot | None = None
     ) -> TurnLimits:
-        """``for_turn`` with the worker already taken, on any thread (blocking).
+        """``for_turn`` with the slot already taken, on any thread (blocking).
 
-        With a worker, its slot becomes the turn's cgroups (renamed): its thread
-        then starts the turn's first process inside them. Without one, they are
+        With a slot, its cgroups become the turn's (renamed): what waits there (a
+        settled thread, a prepared launch) then starts the turn's first process
+        inside them. Without one, they are
         made. Turns planned together make theirs at once: the kernel serialises
         the operations itself, and queued behind a lock of the server's, each
         turn held it through a round of the interpreter lock per system call
         (the burst's turns were made one every 6 ms, the cgroups being the last
         step they queued for).
         """
-        turn = TurnLimits(self, f"{TURN_PREFIX}{os.getpid()}-{turn_id}", limits, worker=worker)
+        turn = TurnLimits(self, f"{TURN_PREFIX}{os.getpid()}-{turn_id}", limits, slot=slot)
         try:
-            if worker is not None:
-                turn.take_slot(worker)
+            if slot is not None:
+                turn.take_slot(slot)
             else:
                 for hierarchy in self.hierarchies:
                     turn.create(hierarchy)
@@ -318,7 +319,7 @@ class TurnLimits:
     name: str
     limits: PlannedLimits
     dirs: dict[Path, Hierarchy] = field(default_factory=dict)
-    worker: Slot | None = None
+    slot: Slot | None = None
     """What waits in these cgroups to start the turn's first process: a thread of the
     server's settled there, or a process the launcher forked into them."""
 
@@ -326,7 +327,7 @@ class TurnLimits:
     def born_inside(self) -> bool:
         """The worker starts the turn's first process: in these cgroups from its first
         instruction, it has nothing to wait for before its command runs (``fence.gate``)."""
-        return self.worker is not None
+        return self.slot is not None
 
     def create(self, hierarchy: Hierarchy) -> None:
         path = hierarchy.turn_parent / self.name
@@ -334,17 +335,17 @@ class TurnLimits:
         self.dirs[path] = hierarchy
         self._write_limits(path, hierarchy)
 
-    def take_slot(self, worker: Slot) -> None:
-        """The worker's slot, renamed for this turn, with its limits written."""
-        for slot, hierarchy in zip(worker.dirs, self.limiter.hierarchies, strict=True):
-            path = slot.parent / self.name
-            slot.rename(path)
+    def take_slot(self, slot: Slot) -> None:
+        """``slot``'s cgroups, renamed for this turn, with its limits written."""
+        for made, hierarchy in zip(slot.dirs, self.limiter.hierarchies, strict=True):
+            path = made.parent / self.name
+            made.rename(path)
             self.dirs[path] = hierarchy
             self._write_limits(path, hierarchy)
 
     def _write_limits(self, path: Path, hierarchy: Hierarchy) -> None:
         # Tasks there that are not the turn's (``Worker.seats``): the turn has exactly its own.
-        seats = self.worker.seats if self.worker is not None else 0
+        seats = self.slot.seats if self.slot is not None else 0
         for name, value in _settings(hierarchy, self.limits, seats):
             _write(path / name, value, optional=name in _OPTIONAL)
 
@@ -402,28 +403,28 @@ class TurnLimits:
         most times and several milliseconds one time in ten, which on the event loop
         held up every other turn's stream (a millisecond a turn, on average).
         """
-        worker = self.worker
+        slot = self.slot
         for _ in range(REMOVE_TRIES):
-            if await asyncio.to_thread(self._removed_after, worker):
+            if await asyncio.to_thread(self._removed_after, slot):
                 return
-            worker = None  # joined on the first try
+            slot = None  # joined on the first try
             self.kill()
             await asyncio.sleep(0.05)
         log.warning("could not remove cgroups of %s: %s", self.name, ", ".join(map(str, self.dirs)))
 
     def remove_now(self) -> None:
         """Remove without waiting (nothing was ever placed in them but a worker, sent away)."""
-        if self.worker is not None:
-            send_away(self.worker, list(self.dirs))
+        if self.slot is not None:
+            send_away(self.slot, list(self.dirs))
             self.dirs.clear()
             return
         self._try_remove()
 
-    def _removed_after(self, worker: Slot | None) -> bool:
+    def _removed_after(self, slot: Slot | None) -> bool:
         """``_try_remove`` once ``worker`` has ended (blocking): it ends once it has reaped
         the turn's process, which takes it out of the cgroups."""
-        if worker is not None:
-            worker.join(1.0)
+        if slot is not None:
+            slot.join(1.0)
         return self._try_remove()
 
     def _try_remove(self) -> bool:

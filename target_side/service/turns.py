@@ -382,12 +382,12 @@ class TurnManager:
         except RefusedError as exc:
             no_lease = exc  # refused all the same, once its spool is there to say so
         # Taken here (the nursery is the event loop's), used on the planning thread.
-        worker = self.limiter.take_worker()
+        slot = self.limiter.take_ready_slot()
         loop = asyncio.get_running_loop()
         try:
             # Off the event loop: the spool is made, planning walks paths and searches
             # writable mounts, the turn's cgroups are made, and its bubblewrap started.
-            planned = await self._planned(record, request, no_lease, worker, loop)
+            planned = await self._planned(record, request, no_lease, slot, loop)
         except StorageError as exc:
             # The turn's spool could not be made: nothing was, and the disk says why.
             self._forget(record)
@@ -576,7 +576,7 @@ class TurnManager:
         record: TurnRecord,
         request: TurnRequest,
         refused: RefusedError | None,
-        worker: Slot | None,
+        slot: Slot | None,
         loop: asyncio.AbstractEventLoop,
     ) -> Planned:
         """``_make_and_plan`` on a planning thread, counted while it is there."""
@@ -584,7 +584,7 @@ class TurnManager:
         self._planning_idle.clear()
         try:
             return await loop.run_in_executor(
-                self._planning, self._make_and_plan, record, request, loop, refused, worker
+                self._planning, self._make_and_plan, record, request, loop, refused, slot
             )
         finally:
             self._planning_now -= 1
@@ -610,10 +610,10 @@ class TurnManager:
         request: TurnRequest,
         loop: asyncio.AbstractEventLoop,
         refused: RefusedError | None = None,
-        worker: Slot | None = None,
+        slot: Slot | None = None,
     ) -> Planned:
         """The turn's spool made on disk, its fence planned, its role's home made where that
-        needs no one else, its cgroups made (blocking; with ``worker``'s slot if one was
+        needs no one else, its cgroups made (blocking; with ``slot`` if one was
         taken, which is sent away if the turn goes no further), and its bubblewrap started
         where that needs nothing of ``loop``'s (``_start_here``); ``refused`` (decided
         before) is raised once the spool is there."""
@@ -623,12 +623,12 @@ class TurnManager:
                 raise refused
             planned = self._planned_with_home(self.plan(request, record.turn.turn_id))
         except BaseException:
-            if worker is not None:
-                send_away(worker)
+            if slot is not None:
+                send_away(slot)
             raise
         try:
             planned.limits = self.limiter.make_for_turn(
-                planned.plan.turn_id, planned.plan.limits, worker
+                planned.plan.turn_id, planned.plan.limits, slot
             )
         except LimitError as exc:
             raise RefusedError(refusals.backend_unavailable(str(exc))) from exc
