@@ -344,7 +344,7 @@ class TurnLimits:
             self._write_limits(path, hierarchy)
 
     def _write_limits(self, path: Path, hierarchy: Hierarchy) -> None:
-        # Tasks there that are not the turn's (``Worker.seats``): the turn has exactly its own.
+        # Tasks there that are not the turn's (``Slot.seats``): the turn has exactly its own.
         seats = self.slot.seats if self.slot is not None else 0
         for name, value in _settings(hierarchy, self.limits, seats):
             _write(path / name, value, optional=name in _OPTIONAL)
