@@ -1013,6 +1013,23 @@ MUTATIONS += (
         ("tests/test_launcher.py -k plants_a_protected_name",),
     ),
     Mutation(
+        # A prepared child that dies while it waits goes unnoticed: the server takes it.
+        "prepared-child-death-unnoticed",
+        "target_side/fence/launcher.py",
+        "        asyncio.get_running_loop().add_reader(self.prepared.pidfd, self._prepared_ended)\n",
+        "        pass\n",
+        ("tests/test_launcher.py -k lost_while_idle",),
+    ),
+    Mutation(
+        # A connection whose prepared child died launches unprepared: a fence without a gate,
+        # outside the cgroups it was planned in.
+        "lost-preparation-launched-unprepared",
+        "target_side/fence/launcher.py",
+        "        elif self.was_prepared:\n",
+        "        elif False:\n",
+        ("tests/test_launcher.py -k prepared_child_died",),
+    ),
+    Mutation(
         # The launcher forks a prepared process into any cgroup it is named.
         "launcher-prepares-in-any-cgroup",
         "target_side/fence/launcher.py",

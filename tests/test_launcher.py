@@ -601,6 +601,36 @@ def test_launcher_turns_beyond_the_prepared_ones_are_placed_once_started(
     assert [finished(client, t.turn_id).exit_code for t in turns] == [0] * 6
 
 
+def _prepared_children(host: Host) -> set[int]:
+    """The launcher's prepared children: root's processes waiting in the server's slots."""
+    assert host.cgroup is not None
+    found = set()
+    for procs in (host.cgroup / "paddock-turns").glob("paddock-*/cgroup.procs"):
+        for pid in procs.read_text().split():
+            with contextlib.suppress(OSError):
+                if os.stat(f"/proc/{pid}").st_uid == 0:
+                    found.add(int(pid))
+    return found
+
+
+def test_launcher_prepared_child_lost_while_idle_is_replaced(
+    host: Host, client: httpx.Client
+) -> None:
+    # Killed while it waits (as an OOM kill in its slot would): the launcher reaps it and
+    # says so, the server drops that launch and prepares another; turns never take it.
+    if host.cgroup is None:
+        pytest.skip("no cgroup v1 pids hierarchy to delegate here")
+    run(client, ["true"])
+    assert wait_until(lambda: len(_prepared_children(host)) == 2)
+    killed = _prepared_children(host)
+    for pid in killed:
+        os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: len(_prepared_children(host) - killed) == 2)
+    for _ in range(3):
+        turn, evs = run(client, ["true"])
+        assert turn.exit_code == 0, evs
+
+
 PREPARE = """
 import asyncio, json, os, secrets, socket, sys, time
 from pathlib import Path
@@ -642,6 +672,78 @@ async def main():
 
 asyncio.run(main())
 """
+
+
+LOST_THEN_LAUNCHED = """
+import asyncio, json, os, secrets, socket, sys, time
+from pathlib import Path
+from target_side.fence.launcher import Channel
+
+async def main():
+    slot = Path(sys.argv[2]) / f"paddock-{os.getpid()}-t-{secrets.token_hex(16)}"
+    slot.mkdir()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(sys.argv[1])
+    channel = Channel(sock)
+    await channel.send({"op": "prepare", "cgroups": [str(slot)]})
+    prepared, _ = await channel.recv()
+    print(prepared["prepared"], flush=True)
+    told, _ = await channel.recv()  # its child was killed meanwhile
+    null = [os.open(os.devnull, os.O_RDWR) for _ in range(3)]
+    launch = json.loads(sys.argv[3])
+    await channel.send(launch, null)
+    refused, _ = await channel.recv()
+    channel.close()
+    for _ in range(200):
+        try:
+            slot.rmdir()
+            break
+        except OSError:
+            time.sleep(0.01)
+    print(json.dumps({"told": told, "launch": refused}))
+
+asyncio.run(main())
+"""
+
+
+def test_launcher_connection_whose_prepared_child_died_launches_nothing(host: Host) -> None:
+    # Its turn's fence would have no gate: launched any other way, it would run outside
+    # the cgroups it was planned in. So the launch is refused, never made unprepared.
+    if host.cgroup is None:
+        pytest.skip("no cgroup v1 pids hierarchy to delegate here")
+    uid, gid = host.role_ids()
+    args = [
+        str(host.socket),
+        str(host.cgroup / "paddock-turns"),
+        json.dumps(_launch("builder", uid, gid)),
+    ]
+    script = subprocess.Popen(
+        [
+            "setpriv",
+            f"--reuid={host.uid}",
+            f"--regid={host.gid}",
+            "--clear-groups",
+            "--",
+            SYSTEM_PYTHON,
+            "-c",
+            LOST_THEN_LAUNCHED,
+            *args,
+        ],
+        env=_env(str(host.state)),
+        cwd="/",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert script.stdout is not None
+    child = int(script.stdout.readline())
+    os.kill(child, signal.SIGKILL)
+    out, err = script.communicate(timeout=60)
+    assert script.returncode == 0, err
+    said = json.loads(out)
+    assert "ended before its launch" in str(said["told"].get("gone")), said
+    assert "ended before its launch" in str(said["launch"].get("error")), said
+    assert "pid" not in said["launch"], said
 
 
 def test_launcher_prepared_process_runs_nothing_and_ends_with_its_connection(

@@ -32,7 +32,9 @@ its choosing or an environment from the request:
   waits as root, running nothing. The ``launch`` that follows on the same
   connection, checked as any launch is, hands it the job (program, argv, the
   descriptors, the role's ids); it then does what a launched child does, born
-  inside the turn's cgroups. The connection closing first kills it.
+  inside the turn's cgroups. The connection closing first kills it; if it
+  dies first, it is reaped and the connection told (``gone``), and that
+  connection launches nothing: its turn's fence has no gate.
 - On that connection: ``fence`` names the fence's first process (checked to be
   the launched process's child) and the turn's cgroup directories, which the
   launcher writes the blocked pid into after checking each is a turn cgroup
@@ -445,6 +447,9 @@ class Session:
         self.grants = grants
         self.child: Child | None = None
         self.prepared: Prepared | None = None
+        self.was_prepared = False
+        """A connection that prepared a child launches only through it: its turn's fence
+        has no gate, so it is born inside its cgroups or not at all."""
 
     async def run(self) -> None:
         try:
@@ -467,9 +472,7 @@ class Session:
         """The server is gone, or the launcher stops: its turn must not outlive it."""
         if self.child is not None and not self.child.done:
             self.kill(bwrap=True)
-        if self.prepared is not None:
-            self.prepared.discard()
-            self.prepared = None
+        self._drop_prepared()
         self.channel.close()
 
     def handle(self, message: dict[str, Any], fds: list[int]) -> dict[str, Any] | None:
@@ -513,7 +516,24 @@ class Session:
             self.prepared = Prepared.fork(checked)
         finally:
             close_all(checked)
+        self.was_prepared = True
+        asyncio.get_running_loop().add_reader(self.prepared.pidfd, self._prepared_ended)
         return {"prepared": self.prepared.pid}
+
+    def _prepared_ended(self) -> None:
+        """The prepared child died before its launch (killed, or out of memory in its slot):
+        reaped, and the server told, so that it prepares another rather than take this one."""
+        if self.prepared is None:
+            return
+        self._drop_prepared()
+        if self.channel.sock.fileno() >= 0:
+            self.channel.send_soon({"gone": "the prepared process ended before its launch"})
+
+    def _drop_prepared(self) -> None:
+        if self.prepared is not None:
+            asyncio.get_running_loop().remove_reader(self.prepared.pidfd)
+            self.prepared.discard()
+            self.prepared = None
 
     def launch(self, message: dict[str, Any], fds: list[int]) -> dict[str, Any]:
         if self.child is not None:
@@ -528,7 +548,10 @@ class Session:
         expected = self._protected(role, message)[1] if "expected" in message else None
         if self.prepared is not None:
             prepared, self.prepared = self.prepared, None
+            asyncio.get_running_loop().remove_reader(prepared.pidfd)
             pid, pidfd = prepared.start(program, argv, places, fds, uid, gid), prepared.pidfd
+        elif self.was_prepared:
+            raise LauncherError("the prepared process ended before its launch")
         else:
             pid = _start(program, argv, places, fds, uid, gid)
             pidfd = os.pidfd_open(pid)

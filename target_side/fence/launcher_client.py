@@ -213,6 +213,9 @@ class PreparedLaunch:
         self.dirs = dirs
         self.channel: Channel | None = None
         self.ready: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self.watched = False
+        """While it waits, its connection is watched: the launcher says nothing there unless
+        its child died, and nothing at all if it hung up."""
 
     @property
     def seats(self) -> int:
@@ -249,7 +252,7 @@ class PreparedLaunches:
         self._via = via
         self._parents = tuple(parents)
         self._idle: list[PreparedLaunch] = []
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
         for _ in range(idle):
             self._replace()
@@ -258,6 +261,7 @@ class PreparedLaunches:
         for launch in self._idle:
             if launch.is_settled:
                 self._idle.remove(launch)
+                self._unwatch(launch)  # the connection is the turn's from here, at once
                 self._replace()
                 return launch
         return None
@@ -272,6 +276,7 @@ class PreparedLaunches:
             for task in self._tasks:
                 task.cancel()
             for launch in idle:
+                self._unwatch(launch)
                 launch.discard()  # the launcher kills and reaps each
 
         _on_loop(self._loop, stop)
@@ -305,6 +310,27 @@ class PreparedLaunches:
             launch.discard()
             raise
         launch.ready.set_result(True)
+        self._loop.add_reader(channel.sock.fileno(), self._lost, launch)
+        launch.watched = True
+
+    def _unwatch(self, launch: PreparedLaunch) -> None:
+        if launch.watched and launch.channel is not None:
+            self._loop.remove_reader(launch.channel.sock.fileno())
+        launch.watched = False
+
+    def _lost(self, launch: PreparedLaunch) -> None:
+        """An idle launch's connection spoke (its child died) or closed (its launcher went
+        away): it is dropped, and another prepared in its place."""
+        self._unwatch(launch)
+        if launch not in self._idle:
+            return
+        log.warning("a prepared launch was lost before a turn took it; preparing another")
+        self._idle.remove(launch)
+        launch.discard()
+        dropping = self._loop.create_task(asyncio.to_thread(remove_when_empty, launch.dirs))
+        self._tasks.add(dropping)
+        dropping.add_done_callback(self._tasks.discard)
+        self._replace()
 
     async def _give_up(self, launch: PreparedLaunch, exc: BaseException) -> None:
         if not self._closed:
