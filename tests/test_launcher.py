@@ -218,18 +218,15 @@ class Host:
         path = self.base / f"{which}.log"
         return path.read_text(errors="replace")[-4000:] if path.exists() else ""
 
+    def server_python(self, *args: str) -> list[str]:
+        """The server's interpreter with ``args``, as a command run as the server's user."""
+        ids = [f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups"]
+        return ["setpriv", *ids, "--", SYSTEM_PYTHON, *args]
+
     def as_server(self, *args: str) -> subprocess.CompletedProcess[str]:
         """The server's interpreter with ``args``, run as the server's user."""
         return subprocess.run(
-            [
-                "setpriv",
-                f"--reuid={self.uid}",
-                f"--regid={self.gid}",
-                "--clear-groups",
-                "--",
-                SYSTEM_PYTHON,
-                *args,
-            ],
+            self.server_python(*args),
             env=_env(str(self.state)),
             cwd="/",
             capture_output=True,
@@ -718,17 +715,7 @@ def test_launcher_connection_whose_prepared_child_died_launches_nothing(host: Ho
         json.dumps(_launch("builder", uid, gid)),
     ]
     script = subprocess.Popen(
-        [
-            "setpriv",
-            f"--reuid={host.uid}",
-            f"--regid={host.gid}",
-            "--clear-groups",
-            "--",
-            SYSTEM_PYTHON,
-            "-c",
-            LOST_THEN_LAUNCHED,
-            *args,
-        ],
+        host.server_python("-c", LOST_THEN_LAUNCHED, *args),
         env=_env(str(host.state)),
         cwd="/",
         stdout=subprocess.PIPE,
@@ -1024,17 +1011,7 @@ print(repr(conn.recv(65536)), flush=True)
 def test_server_sends_nothing_to_a_launcher_that_is_not_root(host: Host) -> None:
     fake = host.state / "fake-launcher.sock"  # a place the service user can write
     listener = subprocess.Popen(
-        [
-            "setpriv",
-            f"--reuid={host.uid}",
-            f"--regid={host.gid}",
-            "--clear-groups",
-            "--",
-            SYSTEM_PYTHON,
-            "-c",
-            FAKE_LAUNCHER,
-            str(fake),
-        ],
+        host.server_python("-c", FAKE_LAUNCHER, str(fake)),
         stdout=subprocess.PIPE,
         text=True,
         cwd="/",
