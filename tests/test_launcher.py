@@ -331,6 +331,18 @@ def host() -> Iterator[Host]:
 
 
 @pytest.fixture
+def delegated(host: Host) -> Path:
+    """The service user's delegated cgroup (v1 ``pids``): what the tests of turns born
+    inside their cgroups need. Skipped only where the machine has no such hierarchy, and
+    never where ``PADDOCK_REQUIRE_CGROUPS`` is set (CI sets it: there they must run)."""
+    if host.cgroup is None:
+        if os.environ.get("PADDOCK_REQUIRE_CGROUPS"):
+            pytest.fail("no cgroup v1 pids hierarchy to delegate, and CI requires one")
+        pytest.skip("no cgroup v1 pids hierarchy to delegate here")
+    return host.cgroup
+
+
+@pytest.fixture
 def client(host: Host) -> Iterator[httpx.Client]:
     if host.server is None or host.server.poll() is not None:
         host.start_server()
@@ -532,9 +544,9 @@ def test_launcher_session_runs_as_the_role_and_ends_whole(host: Host, client: ht
     assert list(host.workspace().glob(".envrc.paddock-quarantined-s-*"))
 
 
-def test_launcher_places_the_fence_in_the_servers_cgroup(host: Host, client: httpx.Client) -> None:
-    if host.cgroup is None:
-        pytest.skip("no cgroup v1 pids hierarchy to delegate here")
+def test_launcher_places_the_fence_in_the_servers_cgroup(
+    host: Host, client: httpx.Client, delegated: Path
+) -> None:
     marker = "271.5"
     turn = submit(client, argv=["sh", "-c", f"grep :pids: /proc/self/cgroup; sleep {marker}"])
     try:
@@ -569,12 +581,10 @@ def _pids_cgroup(pid: int) -> str:
 
 
 def test_launcher_turn_born_inside_gets_exactly_its_pids_limit(
-    host: Host, client: httpx.Client
+    host: Host, client: httpx.Client, delegated: Path
 ) -> None:
     # bubblewrap's outer process is born in the turn's cgroup with the rest (a prepared
     # launch): pids.max counts it as a seat, never as one of the turn's own processes.
-    if host.cgroup is None:
-        pytest.skip("no cgroup v1 pids hierarchy to delegate here")
     seen = []
     for pids in (8, 16):
         turn, evs = run(client, ["python3", "-c", PIDS_PROBE], limits={"pids": pids})
@@ -584,12 +594,10 @@ def test_launcher_turn_born_inside_gets_exactly_its_pids_limit(
 
 
 def test_launcher_turns_beyond_the_prepared_ones_are_placed_once_started(
-    host: Host, client: httpx.Client
+    host: Host, client: httpx.Client, delegated: Path
 ) -> None:
     # Two launches are kept prepared; six turns at once take them and four more, which are
     # launched and placed as before: every one in its own cgroup, seen from the host.
-    if host.cgroup is None:
-        pytest.skip("no cgroup v1 pids hierarchy to delegate here")
     marker = "2.25"
     turns = [submit(client, argv=["sh", "-c", f"sleep {marker}"]) for _ in range(6)]
     assert wait_until(lambda: len(processes_with("sleep", marker)) == 6)
@@ -598,11 +606,10 @@ def test_launcher_turns_beyond_the_prepared_ones_are_placed_once_started(
     assert [finished(client, t.turn_id).exit_code for t in turns] == [0] * 6
 
 
-def _prepared_children(host: Host) -> set[int]:
+def _prepared_children(delegated: Path) -> set[int]:
     """The launcher's prepared children: root's processes waiting in the server's slots."""
-    assert host.cgroup is not None
     found = set()
-    for procs in (host.cgroup / "paddock-turns").glob("paddock-*/cgroup.procs"):
+    for procs in (delegated / "paddock-turns").glob("paddock-*/cgroup.procs"):
         for pid in procs.read_text().split():
             with contextlib.suppress(OSError):
                 if os.stat(f"/proc/{pid}").st_uid == 0:
@@ -611,18 +618,16 @@ def _prepared_children(host: Host) -> set[int]:
 
 
 def test_launcher_prepared_child_lost_while_idle_is_replaced(
-    host: Host, client: httpx.Client
+    host: Host, client: httpx.Client, delegated: Path
 ) -> None:
     # Killed while it waits (as an OOM kill in its slot would): the launcher reaps it and
     # says so, the server drops that launch and prepares another; turns never take it.
-    if host.cgroup is None:
-        pytest.skip("no cgroup v1 pids hierarchy to delegate here")
     run(client, ["true"])
-    assert wait_until(lambda: len(_prepared_children(host)) == 2)
-    killed = _prepared_children(host)
+    assert wait_until(lambda: len(_prepared_children(delegated)) == 2)
+    killed = _prepared_children(delegated)
     for pid in killed:
         os.kill(pid, signal.SIGKILL)
-    assert wait_until(lambda: len(_prepared_children(host) - killed) == 2)
+    assert wait_until(lambda: len(_prepared_children(delegated) - killed) == 2)
     for _ in range(3):
         turn, evs = run(client, ["true"])
         assert turn.exit_code == 0, evs
@@ -703,15 +708,15 @@ asyncio.run(main())
 """
 
 
-def test_launcher_connection_whose_prepared_child_died_launches_nothing(host: Host) -> None:
+def test_launcher_connection_whose_prepared_child_died_launches_nothing(
+    host: Host, delegated: Path
+) -> None:
     # Its turn's fence would have no gate: launched any other way, it would run outside
     # the cgroups it was planned in. So the launch is refused, never made unprepared.
-    if host.cgroup is None:
-        pytest.skip("no cgroup v1 pids hierarchy to delegate here")
     uid, gid = host.role_ids()
     args = [
         str(host.socket),
-        str(host.cgroup / "paddock-turns"),
+        str(delegated / "paddock-turns"),
         json.dumps(_launch("builder", uid, gid)),
     ]
     script = subprocess.Popen(
@@ -734,11 +739,9 @@ def test_launcher_connection_whose_prepared_child_died_launches_nothing(host: Ho
 
 
 def test_launcher_prepared_process_runs_nothing_and_ends_with_its_connection(
-    host: Host,
+    host: Host, delegated: Path
 ) -> None:
-    if host.cgroup is None:
-        pytest.skip("no cgroup v1 pids hierarchy to delegate here")
-    turns_parent = host.cgroup / "paddock-turns"
+    turns_parent = delegated / "paddock-turns"
     done = host.as_server("-c", PREPARE, str(host.socket), str(turns_parent))
     assert done.returncode == 0, done.stderr
     said = json.loads(done.stdout)
