@@ -550,6 +550,27 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_openapi.py -k bearer or header_parameter",),
     ),
     Mutation(
+        "submit-for-any-role",
+        "target_side/service/app.py",
+        "        require_role(roles, request.role)\n        if request.session is not None:\n",
+        "        if request.session is not None:\n",
+        ("tests/test_api.py -k 403",),
+    ),
+    Mutation(
+        "submit-security-unsaid",
+        "target_side/service/app.py",
+        '"requestBody": TURN_REQUEST_BODY, "security": BEARER_ONLY}',
+        '"requestBody": TURN_REQUEST_BODY}',
+        ("tests/test_openapi.py",),
+    ),
+    Mutation(
+        "submit-body-unsaid",
+        "target_side/service/app.py",
+        '"requestBody": TURN_REQUEST_BODY, "security": BEARER_ONLY}',
+        '"security": BEARER_ONLY}',
+        ("tests/test_openapi.py -k turn_body",),
+    ),
+    Mutation(
         "405-without-allow",
         "target_side/service/app.py",
         '            response.headers["Allow"] = _allowed_methods(request)\n',

@@ -144,6 +144,15 @@ def test_openapi_parameters_are_never_null(document: dict[str, Any]) -> None:
             assert "null" not in str(parameter["schema"]), (key, parameter["name"])
 
 
+def test_openapi_turn_body_is_a_turn_request(document: dict[str, Any]) -> None:
+    # The route reads its body itself; the document still says what it must be.
+    body = operations(document)[("post", "/v1/turns")]["requestBody"]
+    assert body["required"] is True
+    assert body["content"] == {
+        "application/json": {"schema": {"$ref": "#/components/schemas/TurnRequest"}}
+    }
+
+
 def test_openapi_stdin_takes_raw_bytes(document: dict[str, Any]) -> None:
     body = operations(document)[("post", "/v1/turns/{turn_id}/stdin")]["requestBody"]
     assert set(body["content"]) == {"application/octet-stream"}

@@ -177,6 +177,13 @@ RAW_BYTES: dict[str, Any] = {
     "description": "bytes for the turn's stdin, as they are (none: only `eof` acts)",
     "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
 }
+TURN_REQUEST_BODY: dict[str, Any] = {
+    "required": True,
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/TurnRequest"}}},
+}
+"""The body of ``POST /v1/turns``, which the route reads itself."""
+BEARER_ONLY = [{"bearer": []}]
+"""The security of a route that reads the token itself, without a dependency to say so."""
 TURN_LINKS = {
     operation: {"operationId": operation, "parameters": {"turn_id": "$response.body#/turn_id"}}
     for operation in ("getTurn", "turnEvents", "signalTurn", "writeStdin", "resizeTurn")
