@@ -1,7 +1,8 @@
 """Two versions of paddock on this machine, measured in alternation: did a change make a turn
 cheaper, or only this run luckier?
 
-    .venv/bin/python bench/compare.py BASE [NEW] [--rounds N] [--turns N] [--no-burst]
+    .venv/bin/python bench/compare.py BASE [NEW] [--rounds N] [--turns N] [--pause-ms MS]
+                                                 [--no-burst]
 
 ``BASE`` and ``NEW`` are git revisions; ``NEW`` defaults to the working tree as it
 is. Each revision gets a checkout of its own (a detached git worktree, removed
@@ -13,7 +14,8 @@ disk, fall on both alike. One round, on one side:
   ``TargetClient`` runs one (``submit_and_follow`` where it has it, else submit
   and follow): their p50, the target's CPU per turn (user + system, from
   ``/proc``), and the part of it spent on the event loop's thread, which every
-  turn and every stream waits for;
+  turn and every stream waits for; with ``--pause-ms``, each turn after a pause
+  (an agent's think time: what a target does while it idles leaves the turn);
 - 200 concurrent ``sleep 1`` turns, each from its own thread and connection: the
   wall from the first submission to the last exit (not with ``--no-burst``).
 
@@ -64,6 +66,12 @@ def main() -> int:
         default=SEQUENTIAL,
         help=f"sequential turns in a round (default {SEQUENTIAL})",
     )
+    parser.add_argument(
+        "--pause-ms",
+        type=float,
+        default=0.0,
+        help="a pause before each sequential turn, untimed (default 0: back to back)",
+    )
     parser.add_argument("--no-burst", action="store_true", help="leave the burst out")
     parser.add_argument("--side", help=argparse.SUPPRESS)  # a side's own process (internal)
     args = parser.parse_args()
@@ -71,9 +79,11 @@ def main() -> int:
         return _serve_rounds(Path(args.side))
     if args.base is None:
         parser.error("name the revision to compare against, e.g. HEAD~1")
-    if args.rounds < 1 or args.turns < 1:
-        parser.error("--rounds and --turns must be at least 1")
-    order = json.dumps({"turns": args.turns, "burst": not args.no_burst})
+    if args.rounds < 1 or args.turns < 1 or args.pause_ms < 0:
+        parser.error("--rounds and --turns must be at least 1, --pause-ms at least 0")
+    order = json.dumps(
+        {"turns": args.turns, "burst": not args.no_burst, "pause_s": args.pause_ms / 1000}
+    )
     with _checkout(args.base) as base, _checkout(args.new) as new:
         results = _alternate({"base": base, "new": new}, args.rounds, order)
     print(_report(args.base, args.new or "working tree", results))
@@ -183,7 +193,9 @@ def _serve_rounds(place: Path) -> int:
         for line in sys.stdin:
             order = json.loads(line)
             request = TurnRequest(role=ROLE, argv=["true"])
-            figures = _sequential(target.pid, client, request, order["turns"])
+            figures = _sequential(
+                target.pid, client, request, order["turns"], order.get("pause_s", 0.0)
+            )
             if order["burst"]:
                 figures["burst_s"] = _burst(target, TurnRequest(role=ROLE, argv=["sleep", "1"]))
             print(json.dumps(figures), flush=True)
@@ -208,10 +220,14 @@ def _run(client: Any, request: Any) -> None:
         raise SystemExit(f"compare: turn {turn_ids} ended with {last!r}; nothing timed")
 
 
-def _sequential(pid: int, client: Any, request: Any, turns: int) -> dict[str, float]:
+def _sequential(
+    pid: int, client: Any, request: Any, turns: int, pause_s: float
+) -> dict[str, float]:
     times = []
     used, used_loop = _cpu_s(pid), _loop_cpu_s(pid)
     for _ in range(turns):
+        if pause_s:
+            time.sleep(pause_s)
         started = time.perf_counter()
         _run(client, request)
         times.append(time.perf_counter() - started)
