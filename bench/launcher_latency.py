@@ -1,6 +1,6 @@
 """A turn's latency through the privileged launcher against the same turn started in process.
 
-    .venv/bin/python bench/launcher_latency.py [--runs N]      (as root)
+    .venv/bin/python bench/launcher_latency.py [--runs N] [--pause-ms MS]     (as root)
 
 Two targets from one config, on the same interpreter (the system python, this
 checkout on its path), run interleaved so load hits both alike:
@@ -13,7 +13,10 @@ checkout on its path), run interleaved so load hits both alike:
   of their own as on a deployed target; without one, they get rlimits only.
 
 A turn of ``true`` is timed from ``POST /v1/turns`` to its exit event, over one
-kept HTTP connection. Everything is removed on the way out, the user included.
+kept HTTP connection; with ``--pause-ms``, each after an untimed pause, as an
+agent's think time leaves a target idle (a process moved into a cgroup after the
+kernel's cgroup locks were left alone a while waits out a grace period; moves a
+few milliseconds apart do not). Everything is removed on the way out, the user included.
 """
 
 from __future__ import annotations
@@ -208,6 +211,7 @@ def _turn(client: httpx.Client) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=40)
+    parser.add_argument("--pause-ms", type=float, default=0.0, help="untimed, before each turn")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("run it as root: it starts a root launcher and a server as a throwaway user")
@@ -226,13 +230,18 @@ def main() -> int:
                     _turn(client)
             for _ in range(args.runs):
                 for name, client in clients.items():
+                    time.sleep(args.pause_ms / 1000)
                     times.setdefault(name, []).append(_turn(client))
             for client in clients.values():
                 client.close()
     finally:
         shutil.rmtree(base, ignore_errors=True)
     baseline = statistics.median(times["in process"])
-    print(f"a turn of `true`, {args.runs} runs each, interleaved; load {os.getloadavg()[0]:.2f}")
+    pause = f", {args.pause_ms:g} ms apart" if args.pause_ms else ""
+    print(
+        f"a turn of `true`, {args.runs} runs each, interleaved{pause}; "
+        f"load {os.getloadavg()[0]:.2f}"
+    )
     print(f"{'':24}{'p50 ms':>9}{'p95 ms':>9}{'mean ms':>9}{'x in process':>14}")
     for name, samples in times.items():
         p50 = statistics.median(samples)
