@@ -182,7 +182,7 @@ TURN_REQUEST_BODY: dict[str, Any] = {
     "content": {"application/json": {"schema": {"$ref": "#/components/schemas/TurnRequest"}}},
 }
 """The body of ``POST /v1/turns``, which the route reads itself."""
-BEARER_ONLY = [{"bearer": []}]
+BEARER_ONLY: list[dict[str, list[str]]] = [{"bearer": []}]
 """The security of a route that reads the token itself, without a dependency to say so."""
 TURN_LINKS = {
     operation: {"operationId": operation, "parameters": {"turn_id": "$response.body#/turn_id"}}
