@@ -2011,6 +2011,13 @@ USAGE = (
 
 MUTATIONS += (
     Mutation(
+        "v2-slot-renamed",
+        "target_side/fence/limits.py",
+        "            if hierarchy.version == 1:\n",
+        "            if True:\n",
+        ("tests/test_limits.py -k slot_under_cgroup_v2",),
+    ),
+    Mutation(
         "client-keeps-a-targets-cookies",
         "agent_side/client.py",
         "            cookies=_NoCookies(),\n",

@@ -233,3 +233,42 @@ def test_stale_turn_cgroups_of_a_dead_server_are_reaped(tmp_path: Path) -> None:
     assert not stale.exists()
     assert not stale_below.exists()
     assert live.exists()
+
+
+def _cgroup2_mount() -> Path | None:
+    """Where this machine mounts a cgroup v2 tree, if it does."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        before, _, after = line.partition(" - ")
+        if after.split(" ", 1)[0] == "cgroup2":
+            return Path(before.split()[4])
+    return None
+
+
+class _Slot:
+    """What a turn takes a slot for: its cgroups, and one task in them not the turn's."""
+
+    def __init__(self, dirs: list[Path]) -> None:
+        self.dirs = dirs
+        self.seats = 1
+
+
+def test_a_slot_under_cgroup_v2_becomes_the_turns_under_its_own_name() -> None:
+    # cgroup v2 renames no cgroup (EPERM): a prepared launch's slot is taken as it is named.
+    mount = _cgroup2_mount()
+    if os.getuid() != 0 or mount is None:
+        if os.environ.get("PADDOCK_REQUIRE_CGROUPS"):
+            pytest.fail("no cgroup v2 tree to make a slot in, and CI requires one")
+        pytest.skip("needs root and a cgroup v2 tree")
+    parent = mount / f"paddock-test-{os.getpid()}"
+    slot = parent / f"paddock-{os.getpid()}-t-{'e' * 32}"
+    slot.mkdir(parents=True)
+    try:
+        hierarchy = Hierarchy(2, parent, frozenset())
+        limits = PlannedLimits(wall_s=5, memory_mb=64, pids=8, cpu=1.0, output_mb=1, scratch_mb=1)
+        turn = Limiter([hierarchy]).make_for_turn("t-" + "1" * 32, limits, _Slot([slot]))
+        assert turn.dirs == {slot: hierarchy}
+        assert slot.is_dir()
+    finally:
+        for made in (slot, parent):
+            if made.exists():
+                made.rmdir()

@@ -336,10 +336,13 @@ class TurnLimits:
         self._write_limits(path, hierarchy)
 
     def take_slot(self, slot: Slot) -> None:
-        """``slot``'s cgroups, renamed for this turn, with its limits written."""
+        """``slot``'s cgroups, with this turn's limits written: renamed for the turn under
+        cgroup v1; under v2, which renames no cgroup (EPERM), they keep the slot's name."""
         for made, hierarchy in zip(slot.dirs, self.limiter.hierarchies, strict=True):
-            path = made.parent / self.name
-            made.rename(path)
+            path = made
+            if hierarchy.version == 1:
+                path = made.parent / self.name
+                made.rename(path)
             self.dirs[path] = hierarchy
             self._write_limits(path, hierarchy)
 

@@ -78,7 +78,8 @@ class Watch(Protocol):
 class Slot(Protocol):
     """Fresh turn cgroups (one per hierarchy) with the next turn's first process-to-be in
     them: a settled ``Worker`` here, a prepared launch through the launcher
-    (``launcher_client.PreparedLaunch``). A turn takes it over (its cgroups renamed for it)."""
+    (``launcher_client.PreparedLaunch``). A turn takes it over (its cgroups renamed for it
+    where the hierarchy allows: cgroup v1)."""
 
     dirs: list[Path]
 
