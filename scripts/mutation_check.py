@@ -2018,6 +2018,21 @@ MUTATIONS += (
         ("tests/test_limits.py -k slot_under_cgroup_v2",),
     ),
     Mutation(
+        "nul-cut-path-opened",
+        "target_side/fence/nofollow.py",
+        '    if "\\0" in path:\n',
+        "    if False:\n",
+        ("tests/test_nofollow.py -k nul_byte",),
+    ),
+    Mutation(
+        "refused-cgroup-left-open",
+        "target_side/fence/launcher.py",
+        "        except BaseException:\n            os.close(fd)\n            raise\n        return fd\n",
+        "        except LauncherError:\n            os.close(fd)\n            raise\n        return fd\n",
+        ("tests/test_launcher.py -k descriptor_of_a_cgroup",),
+        also=(("target_side/fence/nofollow.py", '    if "\\0" in path:\n', "    if False:\n"),),
+    ),
+    Mutation(
         "client-keeps-a-targets-cookies",
         "agent_side/client.py",
         "            cookies=_NoCookies(),\n",

@@ -752,6 +752,20 @@ def test_launcher_prepared_process_runs_nothing_and_ends_with_its_connection(
     assert said["in_slot"] and said["uid"] == 0 and said["gone"], said
 
 
+def test_launcher_keeps_no_descriptor_of_a_cgroup_path_it_refused(
+    host: Host, delegated: Path
+) -> None:
+    # Cut at its NUL byte, the path would open as the directory above it: each such request
+    # left a descriptor open in the launcher, until it could accept no connection at all.
+    assert host.launcher is not None
+    held = Path(f"/proc/{host.launcher.pid}/fd")
+    before = len(list(held.iterdir()))
+    cut = f"{delegated / 'paddock-turns'}/\0/paddock-1-t-{'a' * 32}"
+    replies = _as_server_ask(host, *[{"op": "prepare", "cgroups": [cut]}] * 5)
+    assert all("error" in reply for reply in replies), replies
+    assert wait_until(lambda: len(list(held.iterdir())) <= before), list(held.iterdir())
+
+
 def test_launcher_closing_the_server_kills_the_turn(host: Host, client: httpx.Client) -> None:
     marker = "314.5"
     submit(client, argv=["sh", "-c", f"sleep {marker}"])

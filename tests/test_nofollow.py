@@ -147,6 +147,13 @@ def test_only_canonical_absolute_paths(path: str) -> None:
         nofollow.open_no_follow(path)
 
 
+def test_a_path_holding_a_nul_byte_is_refused_never_opened_cut_short(tmp_path: Path) -> None:
+    # The kernel stops reading at the NUL: it would open the directory before it instead.
+    (tmp_path / "x").mkdir()
+    with pytest.raises(PathChanged, match="NUL byte"):
+        nofollow.open_no_follow(f"{tmp_path}/\0/x")
+
+
 def test_a_kernel_without_openat2_gets_the_walk(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

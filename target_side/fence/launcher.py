@@ -633,10 +633,14 @@ class Session:
         if not TURN_CGROUP.fullmatch(posixpath.basename(path)):
             raise LauncherError(f"{path} is not a turn's cgroup")
         fd = open_no_follow(path)
-        parent = os.stat(posixpath.dirname(path), follow_symlinks=False)
-        if os.fstat(fd).st_uid != self.grants.server[0] or parent.st_uid != self.grants.server[0]:
+        try:
+            parent = os.stat(posixpath.dirname(path), follow_symlinks=False)
+            server = self.grants.server[0]
+            if os.fstat(fd).st_uid != server or parent.st_uid != server:
+                raise LauncherError(f"{path} is not in the server's delegated cgroup")
+        except BaseException:
             os.close(fd)
-            raise LauncherError(f"{path} is not in the server's delegated cgroup")
+            raise
         return fd
 
     def signal(self, message: dict[str, Any]) -> None:

@@ -44,6 +44,9 @@ def open_no_follow(path: str) -> int:
     """An ``O_PATH`` descriptor for canonical ``path``, refusing any symlink along the way."""
     if not path.startswith("/"):
         raise PathChanged(f"{path} is not absolute")
+    if "\0" in path:
+        # The kernel reads the path up to it: what it opened would be another path.
+        raise PathChanged(f"{path!r} holds a NUL byte")
     names = [n for n in path.split("/") if n]
     if any(name in (".", "..") for name in names):
         raise PathChanged(f"{path} is not canonical")
