@@ -2033,6 +2033,13 @@ MUTATIONS += (
         also=(("target_side/fence/nofollow.py", '    if "\\0" in path:\n', "    if False:\n"),),
     ),
     Mutation(
+        "prepared-child-death-read-as-a-pid",
+        "target_side/fence/launcher_client.py",
+        '            if "gone" in reply:\n',
+        "            if False:\n",
+        ("tests/test_launcher.py -k child_died_after_a_turn_took",),
+    ),
+    Mutation(
         "client-keeps-a-targets-cookies",
         "agent_side/client.py",
         "            cookies=_NoCookies(),\n",

@@ -30,6 +30,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -51,8 +52,8 @@ from process_support import parent_pid
 
 from target_side.config import RoleConfig, Settings, load_settings
 from target_side.errors import LauncherError
-from target_side.fence.launcher import MAX_FDS, Channel, Grants
-from target_side.fence.launcher_client import ViaLauncher
+from target_side.fence.launcher import MAX_FDS, Channel, Grants, close_all
+from target_side.fence.launcher_client import PreparedLaunches, ViaLauncher
 
 REPO = Path(__file__).resolve().parent.parent
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -1082,3 +1083,63 @@ def test_server_without_a_launcher_that_prepares_launches_as_before(tmp_path: Pa
     asked, left = asyncio.run(exchange())
     assert asked == ["prepare", "prepare", None], asked
     assert left == [], left
+
+
+def test_a_prepared_launch_whose_child_died_after_a_turn_took_it_is_a_refused_launch(
+    tmp_path: Path,
+) -> None:
+    # The turn took the launch, then its child died: the launcher's word of it comes first on
+    # the connection, and the launch's own refusal after it. Neither is the launch's pid.
+    async def exchange() -> str:
+        path = str(tmp_path / "launcher.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        listener.listen()
+        listener.setblocking(False)
+        gone = "its prepared process ended before its launch"
+
+        async def prepare_then_lose() -> None:
+            conn, _ = await asyncio.get_running_loop().sock_accept(listener)
+            channel = Channel(conn)
+            try:
+                await channel.recv()
+                await channel.send({"prepared": os.getpid()})
+                _, fds = await channel.recv()
+                close_all(fds)
+                await channel.send({"gone": gone})
+                await channel.send({"error": gone})
+                await channel.recv()  # until the server hangs up
+            finally:
+                channel.close()
+
+        serving = asyncio.create_task(prepare_then_lose())
+        (tmp_path / "pids").mkdir()
+        loop = asyncio.get_running_loop()
+        launches = PreparedLaunches(loop, ViaLauncher(path), [tmp_path / "pids"], idle=1)
+        taken = None
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            taken = launches.take()
+            if taken is not None:
+                break
+        assert taken is not None
+        try:
+            await ViaLauncher(path).spawn(
+                "builder", (1, 1), ["/usr/bin/true"], (), False, cast(Any, Slotted(taken))
+            )
+        except LauncherError as exc:
+            return str(exc)
+        finally:
+            serving.cancel()
+            launches.close()
+            listener.close()
+        return "launched"
+
+    assert "ended before its launch" in asyncio.run(exchange())
+
+
+class Slotted:
+    """What ``spawn`` reads of a turn's limits: the slot it took."""
+
+    def __init__(self, slot: object) -> None:
+        self.slot = slot

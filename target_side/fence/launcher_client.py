@@ -143,6 +143,11 @@ class ViaLauncher:
             await channel.send(request, [*theirs, *pass_fds])
             reply, fds = await channel.recv()
             close_all(fds)
+            if "gone" in reply:
+                # Its prepared child died after the turn took it (no longer watched): the
+                # launcher said so before it read the launch, which it then refuses.
+                reply, fds = await channel.recv()
+                close_all(fds)
             if "error" in reply:
                 raise LauncherError(f"the launcher refused: {reply['error']}")
             process = LaunchedProcess(channel, int(reply["pid"]))
