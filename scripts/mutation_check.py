@@ -2040,6 +2040,13 @@ MUTATIONS += (
         ("tests/test_launcher.py -k child_died_after_a_turn_took",),
     ),
     Mutation(
+        "prepared-start-blocks-the-launcher",
+        "target_side/fence/launcher.py",
+        "            failure = await _read_to_end(self.errors, HELPER_TIMEOUT_S)\n",
+        "            failure = _read_until_eof(self.errors, HELPER_TIMEOUT_S)\n",
+        ("tests/test_launcher.py -k slow_to_start",),
+    ),
+    Mutation(
         "client-keeps-a-targets-cookies",
         "agent_side/client.py",
         "            cookies=_NoCookies(),\n",

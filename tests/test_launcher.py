@@ -594,6 +594,98 @@ def test_launcher_turn_born_inside_gets_exactly_its_pids_limit(
     assert seen == [8, 16]
 
 
+def test_launcher_turn_born_inside_takes_an_argv_as_long_as_any_launch(
+    host: Host, client: httpx.Client, delegated: Path
+) -> None:
+    # Its job is no datagram the socket to a prepared process could carry (EMSGSIZE).
+    arguments = [str(n) * 100_000 for n in range(4)]
+    turn, evs = run(client, ["sh", "-c", 'echo "$# ${#4}"', "sh", *arguments])
+    assert turn.exit_code == 0, output(evs, "stderr")
+    assert output(evs).split() == ["4", "100000"]
+
+
+STALLED = """
+import asyncio, json, os, secrets, socket, sys, time
+from pathlib import Path
+from target_side.fence.launcher import Channel
+
+async def connect():
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(sys.argv[1])
+    return Channel(sock)
+
+async def main():
+    slot = Path(sys.argv[2]) / f"paddock-{os.getpid()}-t-{secrets.token_hex(16)}"
+    slot.mkdir()
+    first = await connect()
+    await first.send({"op": "prepare", "cgroups": [str(slot)]})
+    prepared, _ = await first.recv()
+    pid = str(prepared["prepared"])
+    for _ in range(500):  # in its slot, then ready for its job: it waits for the launch
+        if pid in (slot / "cgroup.procs").read_text().split():
+            break
+        time.sleep(0.01)
+    time.sleep(0.2)
+    print(pid, flush=True)
+    sys.stdin.readline()  # the test stopped the prepared process meanwhile
+    null = [os.open(os.devnull, os.O_RDWR) for _ in range(3)]
+    await first.send(json.loads(sys.argv[3]), null)
+    await asyncio.sleep(0.3)  # the launch waits for the stopped process by now
+    second = await connect()
+    started = time.monotonic()
+    await second.send({"op": "hello"})
+    hello, _ = await second.recv()
+    print(json.dumps({"hello": hello, "waited": time.monotonic() - started}), flush=True)
+    second.close()
+    sys.stdin.readline()  # the test let the process go on
+    launched, _ = await first.recv()
+    first.close()
+    for _ in range(500):
+        try:
+            slot.rmdir()
+            break
+        except OSError:
+            time.sleep(0.01)
+    print(json.dumps(launched), flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_launcher_serves_other_connections_while_a_prepared_process_is_slow_to_start(
+    host: Host, delegated: Path
+) -> None:
+    # The prepared process runs in cgroups the server owns (their cpu limit, their freezer):
+    # waiting for it must not keep the launcher from anything else.
+    uid, gid = host.role_ids()
+    launch = json.dumps(_launch("builder", uid, gid))
+    args = [str(host.socket), str(delegated / "paddock-turns"), launch]
+    script = subprocess.Popen(
+        host.server_python("-c", STALLED, *args),
+        env=_env(str(host.state)),
+        cwd="/",
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert script.stdin is not None and script.stdout is not None
+    child = int(script.stdout.readline())
+    try:
+        os.kill(child, signal.SIGSTOP)
+        script.stdin.write("go\n")
+        script.stdin.flush()
+        said = json.loads(script.stdout.readline())
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGCONT)
+    out, err = script.communicate("go\n", timeout=60)
+    assert script.returncode == 0, err
+    assert host.launcher is not None and said["hello"].get("pid") == host.launcher.pid, said
+    assert said["waited"] < 5, said
+    assert "pid" in json.loads(out) or "error" in json.loads(out), out
+
+
 def test_launcher_turns_beyond_the_prepared_ones_are_placed_once_started(
     host: Host, client: httpx.Client, delegated: Path
 ) -> None:

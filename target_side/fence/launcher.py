@@ -387,6 +387,29 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+async def _read_to_end(fd: int, timeout: float) -> bytes:
+    """``_read_until_eof`` on the event loop: other connections are served while it waits."""
+    loop = asyncio.get_running_loop()
+    chunks: list[bytes] = []
+    async with asyncio.timeout(timeout):
+        while True:
+            readable: asyncio.Future[None] = loop.create_future()
+            loop.add_reader(fd, _settle, readable)
+            try:
+                await readable
+            finally:
+                loop.remove_reader(fd)
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 def _read_until_eof(fd: int, timeout: float) -> bytes:
     chunks: list[bytes] = []
     deadline = time.monotonic() + timeout
@@ -456,7 +479,7 @@ class Session:
             while True:
                 message, fds = await self.channel.recv()
                 try:
-                    reply = self.handle(message, fds)
+                    reply = await self.handle(message, fds)
                 except (TargetError, OSError, ValueError, TypeError, KeyError) as exc:
                     reply = {"error": _said(exc), "gone": isinstance(exc, ProcessLookupError)}
                 finally:
@@ -475,12 +498,12 @@ class Session:
         self._drop_prepared()
         self.channel.close()
 
-    def handle(self, message: dict[str, Any], fds: list[int]) -> dict[str, Any] | None:
+    async def handle(self, message: dict[str, Any], fds: list[int]) -> dict[str, Any] | None:
         op = message.get("op")
         if op == "prepare":
             return self.prepare(message)
         if op == "launch":
-            return self.launch(message, fds)
+            return await self.launch(message, fds)
         if op == "fence":
             return self.fence(message)
         if op in ("signal", "kill"):
@@ -535,7 +558,7 @@ class Session:
             self.prepared.discard()
             self.prepared = None
 
-    def launch(self, message: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+    async def launch(self, message: dict[str, Any], fds: list[int]) -> dict[str, Any]:
         if self.child is not None:
             raise LauncherError("one launch per connection")
         role, uid, gid = self.grants.checked_ids(message)
@@ -549,7 +572,10 @@ class Session:
         if self.prepared is not None:
             prepared, self.prepared = self.prepared, None
             asyncio.get_running_loop().remove_reader(prepared.pidfd)
-            pid, pidfd = prepared.start(program, argv, places, fds, uid, gid), prepared.pidfd
+            # Awaited: the child runs in cgroups the server owns, which may slow it down (its
+            # cpu limit) or stop it; the launcher serves every other connection meanwhile.
+            pid = await prepared.start(program, argv, places, fds, uid, gid)
+            pidfd = prepared.pidfd
         elif self.was_prepared:
             raise LauncherError("the prepared process ended before its launch")
         else:
@@ -801,20 +827,23 @@ class Prepared:
         close_all([ready_write, errors_write])
         return cls(pid, os.pidfd_open(pid), ours, ready_read, errors_read)
 
-    def start(
+    async def start(
         self, program: str, argv: list[str], targets: list[int], fds: list[int], uid: int, gid: int
     ) -> int:
         """Hand the (checked) job over; its pid once it executed ``program`` as ``uid:gid``."""
         try:
-            placed = _read_until_eof(self.ready, HELPER_TIMEOUT_S)
+            placed = await _read_to_end(self.ready, HELPER_TIMEOUT_S)
             if placed != b"\n":
                 why = placed.decode(errors="replace").strip() or "it died"
                 raise LauncherError(f"the prepared process is not in the turn's cgroups: {why}")
             job = {"program": program, "argv": argv, "targets": targets, "uid": uid, "gid": gid}
             _send_job(self.jobs, job, fds)
-            failure = _read_until_eof(self.errors, HELPER_TIMEOUT_S)
+            failure = await _read_to_end(self.errors, HELPER_TIMEOUT_S)
             if failure:
                 raise LauncherError(f"could not start {argv[0]} as uid {uid}: {failure.decode()}")
+        except TimeoutError:
+            self.discard()
+            raise LauncherError(f"the prepared process did not start {argv[0]} in time") from None
         except BaseException:
             self.discard()
             raise
@@ -865,33 +894,46 @@ def _prepared_child(jobs: int, ready: int, errors: int, cgroups: Sequence[int]) 
     _exec_child(program, argv, targets, fds, uid, gid, errors)
 
 
-MAX_JOB = 1 << 20
+JOB_HEAD = 64
+"""The most a job's message holds: how many descriptors follow. The job itself (argv up to
+a frame's size) travels in a memory file, the first descriptor: a datagram that large
+would not fit the socket's buffer (EMSGSIZE), and a send that fills it would block."""
 
 
 def _send_job(sock: socket.socket, job: dict[str, Any], fds: Sequence[int]) -> None:
-    chunks = [fds[i : i + MAX_FDS] for i in range(0, len(fds), MAX_FDS)] or [()]
-    head = json.dumps({**job, "nfds": len(fds)}).encode()
-    for i, chunk in enumerate(chunks):
-        data = head if i == 0 else b"."
-        if chunk:
-            socket.send_fds(sock, [data], list(chunk))
-        else:
-            sock.send(data)
+    written = _memory_file(json.dumps(job).encode())
+    try:
+        sent = [written, *fds]
+        chunks = [sent[i : i + MAX_FDS] for i in range(0, len(sent), MAX_FDS)]
+        head = json.dumps({"nfds": len(sent)}).encode()
+        for i, chunk in enumerate(chunks):
+            socket.send_fds(sock, [head if i == 0 else b"."], list(chunk))
+    finally:
+        os.close(written)
 
 
 def _recv_job(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
-    data, fds, flags, _ = socket.recv_fds(sock, MAX_JOB, MAX_FDS)
+    data, fds, flags, _ = socket.recv_fds(sock, JOB_HEAD, MAX_FDS)
     if not data:
         return None, []
-    job = json.loads(data)
-    while len(fds) < job["nfds"] and not flags & socket.MSG_CTRUNC:
+    count = int(json.loads(data)["nfds"])
+    while len(fds) < count and not flags & socket.MSG_CTRUNC:
         more, got, flags, _ = socket.recv_fds(sock, 16, MAX_FDS)
         if not more:
             raise EOFError("the job's descriptors did not all arrive")
         fds += got
-    if flags & socket.MSG_CTRUNC or len(fds) != job["nfds"]:
+    if flags & socket.MSG_CTRUNC or len(fds) != count or not fds:
         raise LauncherError("the job's descriptors were cut off")
-    return job, fds
+    written, *given = fds
+    with os.fdopen(written, "rb") as job:
+        return json.loads(job.read(MAX_FRAME + 1)), given
+
+
+def _memory_file(data: bytes) -> int:
+    fd = os.memfd_create("paddock-job", os.MFD_CLOEXEC)
+    _write_all(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 def _exec_child(
