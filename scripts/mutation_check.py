@@ -2047,6 +2047,20 @@ MUTATIONS += (
         ("tests/test_launcher.py -k slow_to_start",),
     ),
     Mutation(
+        "launcher-stops-accepting-when-short",
+        "target_side/fence/launcher.py",
+        "            if exc.errno not in SHORT_OF:\n",
+        "            if True:\n",
+        ("tests/test_launcher.py -k out_of_descriptors",),
+    ),
+    Mutation(
+        "prepared-processes-unbounded",
+        "target_side/fence/launcher.py",
+        "        if waiting >= MAX_PREPARED:\n",
+        "        if False:\n",
+        ("tests/test_launcher.py -k bounded_number",),
+    ),
+    Mutation(
         "client-keeps-a-targets-cookies",
         "agent_side/client.py",
         "            cookies=_NoCookies(),\n",

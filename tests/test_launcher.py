@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import pwd
+import resource
 import secrets
 import shutil
 import signal
@@ -52,6 +53,7 @@ from process_support import parent_pid
 
 from target_side.config import RoleConfig, Settings, load_settings
 from target_side.errors import LauncherError
+from target_side.fence import launcher as launcher_module
 from target_side.fence.launcher import MAX_FDS, Channel, Grants, close_all
 from target_side.fence.launcher_client import PreparedLaunches, ViaLauncher
 
@@ -857,6 +859,74 @@ def test_launcher_keeps_no_descriptor_of_a_cgroup_path_it_refused(
     replies = _as_server_ask(host, *[{"op": "prepare", "cgroups": [cut]}] * 5)
     assert all("error" in reply for reply in replies), replies
     assert wait_until(lambda: len(list(held.iterdir())) <= before), list(held.iterdir())
+
+
+MANY_PREPARED = """
+import asyncio, json, os, secrets, socket, sys, time
+from pathlib import Path
+from target_side.fence.launcher import Channel
+
+async def main():
+    parent, count = Path(sys.argv[2]), int(sys.argv[3])
+    channels, slots, said = [], [], []
+    for _ in range(count):
+        slot = parent / f"paddock-{os.getpid()}-t-{secrets.token_hex(16)}"
+        slot.mkdir()
+        slots.append(slot)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(sys.argv[1])
+        channels.append(Channel(sock))
+        await channels[-1].send({"op": "prepare", "cgroups": [str(slot)]})
+        said.append((await channels[-1].recv())[0])
+    for channel in channels:
+        channel.close()
+    for slot in slots:
+        for _ in range(500):
+            try:
+                slot.rmdir()
+                break
+            except OSError:
+                time.sleep(0.01)
+    print(json.dumps(said))
+
+asyncio.run(main())
+"""
+
+
+def test_launcher_keeps_a_bounded_number_of_processes_prepared(host: Host, delegated: Path) -> None:
+    # Each is a root process and five descriptors of the launcher's: a server asking for
+    # more than the launcher keeps is refused, whatever number of connections it opens.
+    count = launcher_module.MAX_PREPARED + 1
+    parent = str(delegated / "paddock-turns")
+    done = host.as_server("-c", MANY_PREPARED, str(host.socket), parent, str(count))
+    assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout)
+    assert sum(isinstance(reply.get("prepared"), int) for reply in said) <= count - 1, said
+    assert "wait prepared already" in str(said[-1].get("error")), said
+
+
+def test_launcher_out_of_descriptors_for_a_while_accepts_again_once_it_has_some(
+    host: Host,
+) -> None:
+    # A launcher short of descriptors leaves connections in the backlog and takes them
+    # later; it had stopped accepting for good, and every later turn waited for ever.
+    assert host.launcher is not None
+    pid = host.launcher.pid
+    held = len(os.listdir(f"/proc/{pid}/fd"))
+    limits = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+    waiting = []
+    try:
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (held + 2, limits[1]))
+        for _ in range(6):
+            waiting.append(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+            waiting[-1].connect(str(host.socket))
+        time.sleep(0.5)  # accepts fail meanwhile (EMFILE)
+    finally:
+        for sock in waiting:
+            sock.close()
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, limits)
+    # Accepted (and, as root is not the server, refused) within the socket's 10 s.
+    assert "not the server's uid" in str(_first_word(host.socket).get("error"))
 
 
 def test_launcher_closing_the_server_kills_the_turn(host: Host, client: httpx.Client) -> None:

@@ -78,8 +78,10 @@ from __future__ import annotations
 import array
 import asyncio
 import contextlib
+import errno
 import fcntl
 import functools
+import gc
 import json
 import logging
 import os
@@ -93,7 +95,7 @@ import stat
 import struct
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -112,6 +114,11 @@ log = logging.getLogger("paddock.launcher")
 
 MAX_FRAME = 1 << 20
 MAX_FDS = 250
+MAX_PREPARED = 8
+"""Processes waiting prepared at once, over every connection (a server keeps two)."""
+SHORT_OF = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+"""Why an accept can fail for a while, and work again later."""
+ACCEPT_RETRY_S = 0.1
 """Descriptors per message: the kernel takes at most 253 in one ``SCM_RIGHTS``."""
 MAX_TARGET_FD = 1 << 16
 EXEC_ENV = {"PATH": "/usr/bin:/bin:/usr/local/bin"}
@@ -465,9 +472,12 @@ class Child:
 class Session:
     """One connection from the server: a turn's process, or one ``home``/``audit``/``hello``."""
 
-    def __init__(self, channel: Channel, grants: Grants) -> None:
+    def __init__(self, channel: Channel, grants: Grants, others: Collection[Session] = ()) -> None:
         self.channel = channel
         self.grants = grants
+        self.others = others
+        """Every connection of the launcher's (this one included): prepared processes are
+        counted across them."""
         self.child: Child | None = None
         self.prepared: Prepared | None = None
         self.was_prepared = False
@@ -530,8 +540,13 @@ class Session:
         """Fork the turn's first process ahead of its launch, into the turn's cgroups (named
         by the server, checked as ``fence`` checks them): it is born inside them, and moving
         it there (a grace period of the kernel's) happens before the turn is asked for."""
-        if self.child is not None or self.prepared is not None:
+        if self.child is not None or self.was_prepared:
             raise LauncherError("one launch per connection")
+        waiting = sum(1 for other in self.others if other.prepared is not None)
+        if waiting >= MAX_PREPARED:
+            raise LauncherError(
+                f"{waiting} processes wait prepared already, the most a launcher keeps"
+            )
         checked = self._turn_cgroups(message.get("cgroups"))
         if not checked:
             raise LauncherError("a prepared process needs the cgroups it is to be born in")
@@ -782,6 +797,7 @@ def _start(
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: it execs, or reports through the pipe
+        gc.disable()  # as in a prepared child: no finalizer closes a descriptor of the job's
         _exec_child(program, argv, targets, fds, uid, gid, write)
     os.close(write)
     try:
@@ -818,14 +834,30 @@ class Prepared:
     @classmethod
     def fork(cls, cgroups: Sequence[int]) -> Prepared:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        ready_read, ready_write = os.pipe()
-        errors_read, errors_write = os.pipe()
-        pid = os.fork()
+        pipes: list[int] = []
+        try:
+            pipes += os.pipe()
+            pipes += os.pipe()
+            ready_read, ready_write, errors_read, errors_write = pipes
+            pid = os.fork()
+        except BaseException:
+            ours.close()
+            theirs.close()
+            close_all(pipes)
+            raise
         if pid == 0:  # the child: waits in its cgroups, then execs or reports; never returns
             _prepared_child(theirs.fileno(), ready_write, errors_write, cgroups)
         theirs.close()
         close_all([ready_write, errors_write])
-        return cls(pid, os.pidfd_open(pid), ours, ready_read, errors_read)
+        try:
+            pidfd = os.pidfd_open(pid)
+        except BaseException:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            ours.close()
+            close_all([ready_read, errors_read])
+            raise
+        return cls(pid, pidfd, ours, ready_read, errors_read)
 
     async def start(
         self, program: str, argv: list[str], targets: list[int], fds: list[int], uid: int, gid: int
@@ -862,6 +894,9 @@ class Prepared:
 
 
 def _prepared_child(jobs: int, ready: int, errors: int, cgroups: Sequence[int]) -> NoReturn:
+    # No collection in the child: finalizing an object of the launcher's it inherited could
+    # close a descriptor whose number a job's descriptor has taken since.
+    gc.disable()
     try:
         try:
             _keep_only({jobs, ready, errors, *cgroups})
@@ -1058,7 +1093,16 @@ def _notify_ready() -> None:
 async def _accept(listener: socket.socket, grants: Grants, sessions: set[Session]) -> None:
     loop = asyncio.get_running_loop()
     while True:
-        conn, _ = await loop.sock_accept(listener)
+        try:
+            conn, _ = await loop.sock_accept(listener)
+        except OSError as exc:
+            if exc.errno not in SHORT_OF:
+                raise
+            # Out of descriptors or memory for now: connections wait in the backlog, and
+            # are taken once turns ending give some back. Never a listener that stopped.
+            log.warning("could not accept a connection (%s); trying again", _said(exc))
+            await asyncio.sleep(ACCEPT_RETRY_S)
+            continue
         channel = Channel(conn)
         pid, uid, _ = channel.peer()
         if uid != grants.server[0]:
@@ -1066,7 +1110,7 @@ async def _accept(listener: socket.socket, grants: Grants, sessions: set[Session
             refusing = loop.create_task(_refuse(channel, uid, grants.server[0]))
             refusing.add_done_callback(_ignore_result)
             continue
-        session = Session(channel, grants)
+        session = Session(channel, grants, sessions)
         sessions.add(session)
         task = loop.create_task(session.run())
         task.add_done_callback(functools.partial(_forget, sessions, session))
