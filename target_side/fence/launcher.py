@@ -114,12 +114,13 @@ log = logging.getLogger("paddock.launcher")
 
 MAX_FRAME = 1 << 20
 MAX_FDS = 250
+"""Descriptors per message: the kernel takes at most 253 in one ``SCM_RIGHTS``."""
 MAX_PREPARED = 8
 """Processes waiting prepared at once, over every connection (a server keeps two)."""
 SHORT_OF = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 """Why an accept can fail for a while, and work again later."""
 ACCEPT_RETRY_S = 0.1
-"""Descriptors per message: the kernel takes at most 253 in one ``SCM_RIGHTS``."""
+"""How long the listener waits before it tries to accept again after such a failure."""
 MAX_TARGET_FD = 1 << 16
 EXEC_ENV = {"PATH": "/usr/bin:/bin:/usr/local/bin"}
 """All the environment a launched program gets; the turn's own goes through bubblewrap."""
