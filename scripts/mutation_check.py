@@ -557,6 +557,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_api.py -k 403",),
     ),
     Mutation(
+        "turn-body-any-content-type",
+        "target_side/service/app.py",
+        '    if not media_type.startswith("application/") or not media_type.endswith(("/json", "+json")):\n',
+        "    if False:\n",
+        ("tests/test_api.py -k content_type",),
+    ),
+    Mutation(
         "submit-security-unsaid",
         "target_side/service/app.py",
         '"requestBody": TURN_REQUEST_BODY, "security": BEARER_ONLY}',

@@ -78,6 +78,18 @@ def test_malformed_json_is_400(target: Target, client: httpx.Client) -> None:
     _launched_nothing(target, before)
 
 
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+def test_a_turn_not_sent_as_json_is_422_naming_the_content_type(
+    target: Target, client: httpx.Client, content_type: str | None
+) -> None:
+    before = _scratch_names(target)
+    headers = {} if content_type is None else {"content-type": content_type}
+    body = b'{"role": "builder", "argv": ["true"]}'
+    problem = _problem(client.post("/v1/turns", content=body, headers=headers), 422)
+    assert "application/json" in str(problem["detail"]), problem
+    _launched_nothing(target, before)
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [
