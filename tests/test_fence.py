@@ -118,10 +118,15 @@ def test_invalid_env_name_is_refused(client: httpx.Client, target: Target) -> No
 
 
 def test_fence_runs_as_non_root_without_capabilities(client: httpx.Client) -> None:
-    _, evs = run(client, ["sh", "-c", "id -u; grep -E '^Cap(Eff|Prm|Bnd)' /proc/self/status"])
+    # No capability, none to gain: with no_new_privs, a setuid-root program (sudo, su) that a
+    # turn can see runs as the role, so what runs as a role is never root.
+    probe = "id -u; grep -E '^(Cap(Eff|Prm|Bnd)|NoNewPrivs)' /proc/self/status"
+    _, evs = run(client, ["sh", "-c", probe])
     lines = output(evs).splitlines()
     assert lines[0] != "0"
-    assert all(line.split()[1] == "0000000000000000" for line in lines[1:])
+    caps = [line.split()[1] for line in lines[1:] if line.startswith("Cap")]
+    assert caps == ["0000000000000000"] * 3, lines
+    assert "NoNewPrivs:\t1" in lines, lines
 
 
 def test_fence_system_dirs_are_read_only(client: httpx.Client) -> None:
