@@ -201,10 +201,11 @@ class Worker:
                 slot = parent / name
                 slot.mkdir(mode=0o755)
                 made.append(slot)
-            tid = threading.get_native_id()
             for slot in made:
-                # One thread, not the process: ``tasks`` takes a thread id (cgroup v1).
-                write_control(slot / "tasks", f"{tid}\n")
+                # This thread, not the process (cgroup v1's ``tasks``), named as "0", the writer
+                # itself: named by its id, the kernel takes the lock every fork and exit on the
+                # machine waits for, after a grace period when it was idle (5-7 ms here).
+                write_control(slot / "tasks", "0\n")
         except OSError as exc:
             log.warning("could not settle a turn worker in %s: %s", made or self._parents, exc)
             self._leave(made)
@@ -215,10 +216,9 @@ class Worker:
 
     def _leave(self, made: list[Path]) -> None:
         """Back into the parents, and the slot removed (a failed settle only)."""
-        tid = threading.get_native_id()
         for slot in made:
             with contextlib.suppress(OSError):
-                write_control(slot.parent / "tasks", f"{tid}\n")
+                write_control(slot.parent / "tasks", "0\n")
             with contextlib.suppress(OSError):
                 slot.rmdir()
 
