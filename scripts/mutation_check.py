@@ -647,7 +647,7 @@ MUTATIONS += (
     Mutation(
         "turn-born-outside-its-cgroups",
         "target_side/fence/nursery.py",
-        '                write_control(slot / "tasks", f"{tid}\\n")',
+        '                write_control(slot / "tasks", "0\\n")',
         "                pass",
         ("tests/test_limits.py::test_pids_limit_is_exactly_the_turns_own",),
     ),

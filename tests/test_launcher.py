@@ -606,7 +606,7 @@ def test_launcher_turn_born_inside_takes_an_argv_as_long_as_any_launch(
     assert output(evs).split() == ["4", "100000"]
 
 
-STALLED = """
+AS_SERVER = """
 import asyncio, json, os, secrets, socket, sys, time
 from pathlib import Path
 from target_side.fence.launcher import Channel
@@ -616,12 +616,54 @@ async def connect():
     sock.connect(sys.argv[1])
     return Channel(sock)
 
-async def main():
-    slot = Path(sys.argv[2]) / f"paddock-{os.getpid()}-t-{secrets.token_hex(16)}"
+def new_slot(parent):
+    slot = Path(parent) / f"paddock-{os.getpid()}-t-{secrets.token_hex(16)}"
     slot.mkdir()
-    first = await connect()
-    await first.send({"op": "prepare", "cgroups": [str(slot)]})
-    prepared, _ = await first.recv()
+    return slot
+
+async def prepare_in_a_new_slot(parent):
+    slot = new_slot(parent)
+    channel = await connect()
+    await channel.send({"op": "prepare", "cgroups": [str(slot)]})
+    reply, _ = await channel.recv()
+    return slot, channel, reply
+
+def remove_once_empty(slot):
+    for _ in range(500):
+        try:
+            slot.rmdir()
+            return
+        except OSError:
+            time.sleep(0.01)
+"""
+"""What the scripts run as the server share: a connection to the launcher (``argv[1]``), a
+slot cgroup of their own (a process prepared in it), and its removal once what the launcher
+forked there is gone."""
+
+
+def _launching_script(host: Host, script: str, delegated: Path) -> subprocess.Popen[str]:
+    """``script`` (``AS_SERVER``'s) running as the server, given the launcher's socket, the
+    turns' parent cgroup and a launch of ``true`` as builder; its stdin and stdout piped."""
+    uid, gid = host.role_ids()
+    launch = json.dumps(_launch("builder", uid, gid))
+    return subprocess.Popen(
+        host.server_python(
+            "-c", script, str(host.socket), str(delegated / "paddock-turns"), launch
+        ),
+        env=_env(str(host.state)),
+        cwd="/",
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+STALLED = (
+    AS_SERVER
+    + """
+async def main():
+    slot, first, prepared = await prepare_in_a_new_slot(sys.argv[2])
     pid = str(prepared["prepared"])
     for _ in range(500):  # in its slot, then ready for its job: it waits for the launch
         if pid in (slot / "cgroup.procs").read_text().split():
@@ -642,16 +684,12 @@ async def main():
     sys.stdin.readline()  # the test let the process go on
     launched, _ = await first.recv()
     first.close()
-    for _ in range(500):
-        try:
-            slot.rmdir()
-            break
-        except OSError:
-            time.sleep(0.01)
+    remove_once_empty(slot)
     print(json.dumps(launched), flush=True)
 
 asyncio.run(main())
 """
+)
 
 
 def test_launcher_serves_other_connections_while_a_prepared_process_is_slow_to_start(
@@ -659,18 +697,7 @@ def test_launcher_serves_other_connections_while_a_prepared_process_is_slow_to_s
 ) -> None:
     # The prepared process runs in cgroups the server owns (their cpu limit, their freezer):
     # waiting for it must not keep the launcher from anything else.
-    uid, gid = host.role_ids()
-    launch = json.dumps(_launch("builder", uid, gid))
-    args = [str(host.socket), str(delegated / "paddock-turns"), launch]
-    script = subprocess.Popen(
-        host.server_python("-c", STALLED, *args),
-        env=_env(str(host.state)),
-        cwd="/",
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    script = _launching_script(host, STALLED, delegated)
     assert script.stdin is not None and script.stdout is not None
     child = int(script.stdout.readline())
     try:
@@ -728,27 +755,19 @@ def test_launcher_prepared_child_lost_while_idle_is_replaced(
         assert turn.exit_code == 0, evs
 
 
-PREPARE = """
-import asyncio, json, os, secrets, socket, sys, time
-from pathlib import Path
-from target_side.fence.launcher import Channel
-
+PREPARE = (
+    AS_SERVER
+    + """
 async def main():
     parent = Path(sys.argv[2])
-    slot = parent / f"paddock-{os.getpid()}-t-{secrets.token_hex(16)}"
-    slot.mkdir()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(sys.argv[1])
-    channel = Channel(sock)
+    slot = new_slot(parent)
     said = {}
     for name, cgroups in (("foreign", [str(parent.parent)]), ("slot", [str(slot)])):
-        if name == "slot":  # a connection of its own: one prepared process per connection
-            channel.close()
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.connect(sys.argv[1])
-            channel = Channel(sock)
+        channel = await connect()  # a connection each: one prepared process per connection
         await channel.send({"op": "prepare", "cgroups": cgroups})
         said[name], _ = await channel.recv()
+        if name == "foreign":
+            channel.close()
     pid = said["slot"]["prepared"]
     for _ in range(200):
         if str(pid) in (slot / "cgroup.procs").read_text().split():
@@ -769,21 +788,14 @@ async def main():
 
 asyncio.run(main())
 """
+)
 
 
-LOST_THEN_LAUNCHED = """
-import asyncio, json, os, secrets, socket, sys, time
-from pathlib import Path
-from target_side.fence.launcher import Channel
-
+LOST_THEN_LAUNCHED = (
+    AS_SERVER
+    + """
 async def main():
-    slot = Path(sys.argv[2]) / f"paddock-{os.getpid()}-t-{secrets.token_hex(16)}"
-    slot.mkdir()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(sys.argv[1])
-    channel = Channel(sock)
-    await channel.send({"op": "prepare", "cgroups": [str(slot)]})
-    prepared, _ = await channel.recv()
+    slot, channel, prepared = await prepare_in_a_new_slot(sys.argv[2])
     print(prepared["prepared"], flush=True)
     told, _ = await channel.recv()  # its child was killed meanwhile
     null = [os.open(os.devnull, os.O_RDWR) for _ in range(3)]
@@ -791,16 +803,12 @@ async def main():
     await channel.send(launch, null)
     refused, _ = await channel.recv()
     channel.close()
-    for _ in range(200):
-        try:
-            slot.rmdir()
-            break
-        except OSError:
-            time.sleep(0.01)
+    remove_once_empty(slot)
     print(json.dumps({"told": told, "launch": refused}))
 
 asyncio.run(main())
 """
+)
 
 
 def test_launcher_connection_whose_prepared_child_died_launches_nothing(
@@ -808,20 +816,7 @@ def test_launcher_connection_whose_prepared_child_died_launches_nothing(
 ) -> None:
     # Its turn's fence would have no gate: launched any other way, it would run outside
     # the cgroups it was planned in. So the launch is refused, never made unprepared.
-    uid, gid = host.role_ids()
-    args = [
-        str(host.socket),
-        str(delegated / "paddock-turns"),
-        json.dumps(_launch("builder", uid, gid)),
-    ]
-    script = subprocess.Popen(
-        host.server_python("-c", LOST_THEN_LAUNCHED, *args),
-        env=_env(str(host.state)),
-        cwd="/",
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    script = _launching_script(host, LOST_THEN_LAUNCHED, delegated)
     assert script.stdout is not None
     child = int(script.stdout.readline())
     os.kill(child, signal.SIGKILL)
@@ -861,36 +856,25 @@ def test_launcher_keeps_no_descriptor_of_a_cgroup_path_it_refused(
     assert wait_until(lambda: len(list(held.iterdir())) <= before), list(held.iterdir())
 
 
-MANY_PREPARED = """
-import asyncio, json, os, secrets, socket, sys, time
-from pathlib import Path
-from target_side.fence.launcher import Channel
-
+MANY_PREPARED = (
+    AS_SERVER
+    + """
 async def main():
-    parent, count = Path(sys.argv[2]), int(sys.argv[3])
     channels, slots, said = [], [], []
-    for _ in range(count):
-        slot = parent / f"paddock-{os.getpid()}-t-{secrets.token_hex(16)}"
-        slot.mkdir()
+    for _ in range(int(sys.argv[3])):
+        slot, channel, reply = await prepare_in_a_new_slot(sys.argv[2])
         slots.append(slot)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.connect(sys.argv[1])
-        channels.append(Channel(sock))
-        await channels[-1].send({"op": "prepare", "cgroups": [str(slot)]})
-        said.append((await channels[-1].recv())[0])
+        channels.append(channel)
+        said.append(reply)
     for channel in channels:
         channel.close()
     for slot in slots:
-        for _ in range(500):
-            try:
-                slot.rmdir()
-                break
-            except OSError:
-                time.sleep(0.01)
+        remove_once_empty(slot)
     print(json.dumps(said))
 
 asyncio.run(main())
 """
+)
 
 
 def test_launcher_keeps_a_bounded_number_of_processes_prepared(host: Host, delegated: Path) -> None:
