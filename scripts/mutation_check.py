@@ -2068,6 +2068,13 @@ MUTATIONS += (
         ("tests/test_launcher.py -k bounded_number",),
     ),
     Mutation(
+        "prepared-again-after-its-child-died",
+        "target_side/fence/launcher.py",
+        "        if self.child is not None or self.was_prepared:\n",
+        "        if self.child is not None or self.prepared is not None:\n",
+        ("tests/test_launcher.py -k prepared_child_died_launches_nothing",),
+    ),
+    Mutation(
         "client-keeps-a-targets-cookies",
         "agent_side/client.py",
         "            cookies=_NoCookies(),\n",

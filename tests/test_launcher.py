@@ -802,9 +802,11 @@ async def main():
     launch = json.loads(sys.argv[3])
     await channel.send(launch, null)
     refused, _ = await channel.recv()
+    await channel.send({"op": "prepare", "cgroups": [str(slot)]})
+    again, _ = await channel.recv()
     channel.close()
     remove_once_empty(slot)
-    print(json.dumps({"told": told, "launch": refused}))
+    print(json.dumps({"told": told, "launch": refused, "again": again}))
 
 asyncio.run(main())
 """
@@ -826,6 +828,8 @@ def test_launcher_connection_whose_prepared_child_died_launches_nothing(
     assert "ended before its launch" in str(said["told"].get("gone")), said
     assert "ended before its launch" in str(said["launch"].get("error")), said
     assert "pid" not in said["launch"], said
+    # Nor is another prepared on it: one prepared process per connection, dead or alive.
+    assert "one launch per connection" in str(said["again"].get("error")), said
 
 
 def test_launcher_prepared_process_runs_nothing_and_ends_with_its_connection(

@@ -26,6 +26,7 @@ from process_support import parent_pid
 
 from shared.walk import canonical_path
 from shared.wire import PlannedLimits, TurnRequest
+from target_side.fence.cgroupfs import cgroup_mounts
 from target_side.fence.limits import Hierarchy, Limiter, Totals
 
 HOG = "x = b'x' * (400 << 20); print('survived')"
@@ -237,11 +238,8 @@ def test_stale_turn_cgroups_of_a_dead_server_are_reaped(tmp_path: Path) -> None:
 
 def _cgroup2_mount() -> Path | None:
     """Where this machine mounts a cgroup v2 tree, if it does."""
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        before, _, after = line.partition(" - ")
-        if after.split(" ", 1)[0] == "cgroup2":
-            return Path(before.split()[4])
-    return None
+    mounts = cgroup_mounts(Path("/proc/self/mountinfo").read_text())
+    return next((Path(m.point) for m in mounts if m.version == 2), None)
 
 
 class _Slot:

@@ -473,7 +473,7 @@ class Child:
 class Session:
     """One connection from the server: a turn's process, or one ``home``/``audit``/``hello``."""
 
-    def __init__(self, channel: Channel, grants: Grants, others: Collection[Session] = ()) -> None:
+    def __init__(self, channel: Channel, grants: Grants, others: Collection[Session]) -> None:
         self.channel = channel
         self.grants = grants
         self.others = others

@@ -255,8 +255,8 @@ class Nursery:
     def take(self) -> Worker | None:
         """A worker already in its slot, or None; another settles once this one has started.
 
-        Not at once: a thread settling holds the cgroup hierarchy's lock through
-        its grace period, which would hold up the taken slot's rename and limits.
+        Not at once: a thread settling takes the cgroup hierarchy's lock, which
+        the taken slot's rename and limits need first.
         """
         for worker in self._idle:
             if worker.is_settled:
