@@ -31,8 +31,19 @@ OTHER_HEADERS = {"Authorization": f"Bearer {OTHER_TOKEN}"}
 
 def proc_status(path: str) -> dict[str, list[str]]:
     """A ``/proc/.../status`` file as its fields, each split into words."""
-    lines = Path(path).read_text().splitlines()
-    return {key: value.split() for key, value in (line.split(":", 1) for line in lines)}
+    return proc_fields(Path(path).read_text())
+
+
+def signal_set(status: str, name: str = "SigIgn") -> set[int]:
+    """The signals a ``/proc/PID/status`` text lists under ``name`` (``SigIgn``: ignored,
+    ``SigCgt``: caught by a handler)."""
+    mask = int(proc_fields(status)[name][0], 16)
+    return {signum for signum in range(1, 65) if mask & (1 << (signum - 1))}
+
+
+def proc_fields(text: str) -> dict[str, list[str]]:
+    """A ``/proc/.../status`` text as its fields, each split into words."""
+    return {key: value.split() for key, value in (line.split(":", 1) for line in text.splitlines())}
 
 
 def parent_pid(pid: int | str) -> int:

@@ -8,8 +8,10 @@ runs, the identity the turn acts as, the files it touches and protects.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +31,7 @@ from conftest import (
     submit,
     wait_until,
 )
-from process_support import parent_pid, proc_status
+from process_support import REPO, TargetProcess, parent_pid, proc_status, signal_set, write_config
 
 from shared.walk import canonical_path
 from shared.wire import Turn
@@ -650,3 +652,51 @@ def test_env_turn_id_is_minted_even_when_the_server_has_one(
     monkeypatch.setenv("PADDOCK_TURN_ID", "t-" + "f" * 32)
     turn, evs = run(c, ["sh", "-c", "echo $PADDOCK_TURN_ID"])
     assert output(evs) == f"{turn.turn_id}\n"
+
+
+# --- 12. the signals a turn starts with --------------------------------------------------------
+
+
+def _ignoring_quit_and_hangup() -> None:
+    for signum in (signal.SIGQUIT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def test_signals_a_server_inherited_ignored_it_keeps_ignoring_and_hands_to_no_turn(
+    tmp_path: Path,
+) -> None:
+    """Started as ``nohup`` and a shell's background job would start it (SIGHUP and SIGQUIT
+    ignored): it lives through both, its turns get every signal at its default, and no extra
+    program resets them for each turn (the server ignores none of them itself any more)."""
+    root = Path(canonical_path(tmp_path))
+    config, url = write_config(root)
+    target = TargetProcess.start(
+        config, url, root / "target.log", preexec=_ignoring_quit_and_hangup
+    )
+    try:
+        server = Path(f"/proc/{target.proc.pid}/status").read_text()
+        assert signal_set(server) & {signal.SIGQUIT, signal.SIGHUP} == set()
+        assert {signal.SIGQUIT, signal.SIGHUP} <= signal_set(server, "SigCgt")
+        for signum in (signal.SIGQUIT, signal.SIGHUP):
+            target.proc.send_signal(signum)
+        with target.client() as client:
+            turn, evs = run(client, ["cat", "/proc/self/status"])
+        assert turn.exit_code == 0, evs
+        assert signal_set(output(evs)) == set()
+        assert target.up()
+    finally:
+        target.kill()
+
+
+def test_signals_ignored_once_changed_need_no_program_before_bubblewrap() -> None:
+    """What the server does at its start leaves ``env --default-signal`` nothing to do."""
+    script = (
+        "import signal; signal.signal(signal.SIGQUIT, signal.SIG_IGN)\n"
+        "from target_side.fence import launch, signals\n"
+        "assert launch.signal_reset_prefix()\n"
+        "print(signals.stop_passing_on_ignored(), launch.signal_reset_prefix())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert done.stdout == f"[{int(signal.SIGQUIT)}] ()\n"

@@ -49,7 +49,7 @@ from conftest import (
     submit,
     wait_until,
 )
-from process_support import parent_pid
+from process_support import parent_pid, signal_set
 
 from target_side.config import RoleConfig, Settings, load_settings
 from target_side.errors import LauncherError
@@ -172,6 +172,8 @@ class Host:
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
+            # As a background job of a shell would start it: what it ignores, turns must not.
+            preexec_fn=_ignoring_quit,
         )
         log.close()
         assert wait_until(lambda: self.socket.exists(), timeout=20), self.log("launcher")
@@ -315,6 +317,10 @@ def _processes_of(uids: set[int]) -> list[int]:
     return found
 
 
+def _ignoring_quit() -> None:
+    signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+
+
 @pytest.fixture(scope="module")
 def host() -> Iterator[Host]:
     reachable(REPO)  # the service user runs this checkout
@@ -371,6 +377,20 @@ def test_launcher_turn_runs_as_the_roles_uid_with_no_other_group(
     assert turn.exit_code == 0, evs
     said_uid, said_gid, groups = output(evs).split("\n")[:3]
     assert (said_uid, said_gid, groups.split()) == (str(uid), str(gid), ["Groups:"])
+
+
+def test_launcher_started_ignoring_a_signal_hands_it_to_no_turn(
+    host: Host, client: httpx.Client
+) -> None:
+    """Ignored signals survive exec: a launcher started with SIGQUIT ignored (the fixture
+    starts it so) still ignores it, but the turns it starts have every signal at its default."""
+    assert host.launcher is not None
+    launcher = Path(f"/proc/{host.launcher.pid}/status").read_text()  # setpriv exec'd it
+    assert signal.SIGQUIT not in signal_set(launcher)
+    assert signal.SIGQUIT in signal_set(launcher, "SigCgt")
+    turn, evs = run(client, ["cat", "/proc/self/status"])
+    assert turn.exit_code == 0, evs
+    assert signal_set(output(evs)) == set()
 
 
 def test_launcher_files_a_turn_creates_are_the_roles(host: Host, client: httpx.Client) -> None:

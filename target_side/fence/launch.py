@@ -18,13 +18,11 @@ where any user of the host could read them.
 
 from __future__ import annotations
 
-import _signal  # type: ignore[import-not-found]  # signal's C half: no stub in typeshed
 import contextlib
 import functools
 import os
 import re
 import shutil
-import signal
 import subprocess
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -38,7 +36,7 @@ from target_side.errors import (
     RefusedError,
     ThreadIdsError,
 )
-from target_side.fence import syscall_filter
+from target_side.fence import signals, syscall_filter
 from target_side.fence.gate import Gate
 from target_side.fence.held import FailureHook, HeldFence, hold_fence, no_failure
 from target_side.fence.identity import (
@@ -96,26 +94,11 @@ def find_bwrap() -> str:
     return found
 
 
-RESTORED_BY_SPAWN = frozenset({signal.SIGPIPE, signal.SIGXFSZ})
-"""Ignored by Python itself, and put back to their defaults in every child it spawns."""
-CATCHABLE = tuple(
-    int(s)
-    for s in signal.valid_signals()
-    if s not in (signal.SIGKILL, signal.SIGSTOP, *RESTORED_BY_SPAWN)
-)
-
-
 def signal_reset_prefix() -> tuple[str, ...]:
-    """A prefix starting bwrap with every signal at its default action, when one is ignored.
-
-    Ignored signals survive exec: a server started with SIGINT ignored (a
-    background job, some supervisors) would hand that to every turn, and a
-    forwarded Ctrl-C would reach processes deaf to it. Looked at on every
-    launch (a microsecond: ``signal.getsignal`` would make an enum of every
-    answer, sixty times a turn), since the server's dispositions can change;
-    when nothing is ignored, as under systemd, no extra program runs.
-    """
-    if _signal.SIG_IGN not in map(_signal.getsignal, CATCHABLE):
+    """A prefix starting bwrap with every signal at its default action, when one is ignored
+    here now (``fence.signals``). Looked at on every launch, since the server's dispositions
+    can change; when nothing is ignored, as at the server's start, no extra program runs."""
+    if not signals.any_ignored():
         return ()
     return env_default_signal()
 

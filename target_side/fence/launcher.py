@@ -105,7 +105,7 @@ from shared.walk import canonical_path, is_within
 from target_side import trust
 from target_side.config import Settings, load_settings
 from target_side.errors import HomeError, LauncherError, TargetError
-from target_side.fence import audit, home
+from target_side.fence import audit, home, signals
 from target_side.fence.cgroupfs import TURN_CGROUP, cgroup_mounts
 from target_side.fence.nofollow import open_no_follow
 from target_side.fence.pidns import parent_of, pid_namespace, signal_namespace
@@ -986,7 +986,7 @@ def _exec_child(
         become(uid, gid)
         os.umask(TURN_UMASK)
         errors = _descriptors_in_place(fds, targets, errors)
-        for signum in (signal.SIGPIPE, signal.SIGXFSZ):  # ignored by Python; would survive exec
+        for signum in signals.RESTORED_BY_SPAWN:  # ignored by Python; would survive exec
             signal.signal(signum, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
         os.chdir("/")
@@ -1140,6 +1140,7 @@ def main(config: Path) -> int:
                 f'{config} runs every turn as the server ([fence] identity = "server")'
             )
         grants = Grants.load(settings)
+        signals.stop_passing_on_ignored()  # the turns it starts inherit none of them
         asyncio.run(serve(grants, settings.fence.launcher))
     except (TargetError, OSError) as exc:
         print(f"paddock-target launcher: {exc}", file=sys.stderr)

@@ -23,6 +23,7 @@ from fastapi import FastAPI
 
 from target_side.config import Settings
 from target_side.errors import TargetError
+from target_side.fence import signals
 from target_side.service.connections import ConnectionGuard, GuardedListener, guarded_http
 from target_side.service.log_repeats import collapse_repeats
 from target_side.service.log_writer import LogWriters, every_logger
@@ -111,6 +112,7 @@ def serve(settings: Settings) -> None:
     whose it is, not that the port is taken.
     """
     collapse_repeats()
+    unignored = signals.stop_passing_on_ignored()
     lock = StateLock.acquire(settings.state_root, settings.server.listen)
     try:
         server = settings.server
@@ -118,6 +120,8 @@ def serve(settings: Settings) -> None:
         sock = listen(settings, guard)
         scheme = "https" if server.tls_cert else "http"
         log.info("paddock target on %s://%s, state in %s", scheme, server.listen, server.state_root)
+        if unignored:
+            log.info("signals inherited ignored, still ignored but not by turns: %s", unignored)
         config = uvicorn_config(settings, guard=guard, state_lock=lock)
         target = TargetServer(config, settings)
         # Once uvicorn has set up its loggers: theirs too.
