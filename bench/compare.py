@@ -19,11 +19,18 @@ disk, fall on both alike. One round, on one side:
 - 200 concurrent ``sleep 1`` turns, each from its own thread and connection: the
   wall from the first submission to the last exit (not with ``--no-burst``).
 
-Printed: for each figure, each side's median over the rounds, its range, and
-NEW over BASE. On a machine whose runs of the same code differ by a tenth, a
+The side that goes first changes from round to round: whichever follows the
+other's turns paid up to 2% more for it here. Printed: for each figure, each
+side's median over the rounds, its range, NEW over BASE, and the median of
+the rounds' own NEW over BASE (paired: each round's two sides ran in the same
+moment). On a machine whose runs of the same code differ by a tenth, a
 difference smaller than the ranges' overlap is not one. Where the machine
-drifts within minutes, many short rounds (``--rounds 40 --turns 20 --no-burst``)
-put both sides in the same minutes more closely than a few long ones.
+drifts within minutes, many short rounds put both sides in the same moments
+more closely than a few long ones: one turn a round
+(``--rounds 600 --turns 1 --no-burst``). Even so, two target processes of
+the same code differ: against itself, the working tree measured 0.983x and
+0.993x paired in two runs here, so a change of 2% or less needs runs that
+agree.
 """
 
 from __future__ import annotations
@@ -134,12 +141,14 @@ def _alternate(
             _expect(procs[name], name, "ready")
         results: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
         for number in range(1, rounds + 1):
-            for name, proc in procs.items():
+            turn = list(procs.items())
+            for name, proc in turn if number % 2 else reversed(turn):
                 assert proc.stdin is not None
                 proc.stdin.write(f"{order}\n")
                 proc.stdin.flush()
                 results[name].append(json.loads(_expect(proc, name, "")))
-            print(f"round {number} of {rounds} done", file=sys.stderr)
+            if number % max(1, rounds // 10) == 0 or number == rounds:
+                print(f"round {number} of {rounds} done", file=sys.stderr)
         return results
     finally:
         for proc in procs.values():
@@ -167,7 +176,11 @@ def _report(base: str, new: str, results: dict[str, list[dict[str, float]]]) -> 
         if not old or not now:
             continue
         ratio = statistics.median(now) / statistics.median(old)
-        rows.append(f"{label:34s} base {_spread(old)}   new {_spread(now)}   new/base {ratio:.2f}x")
+        paired = statistics.median(n / o for n, o in zip(now, old, strict=True) if o)
+        rows.append(
+            f"{label:34s} base {_spread(old)}   new {_spread(now)}   "
+            f"new/base {ratio:.3f}x, paired {paired:.3f}x"
+        )
     return "\n".join(rows)
 
 
