@@ -29,7 +29,7 @@ CATCHABLE = tuple(
 )
 JOB_CONTROL = frozenset({signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU})
 """Left ignored where they are: caught instead, a background process writing to its terminal
-would see its writes fail rather than go through."""
+(under ``stty tostop``) would have each write interrupted again and again, not let through."""
 
 
 def any_ignored() -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import signal
 import socket
 import threading
 import time
@@ -121,7 +122,8 @@ def serve(settings: Settings) -> None:
         scheme = "https" if server.tls_cert else "http"
         log.info("paddock target on %s://%s, state in %s", scheme, server.listen, server.state_root)
         if unignored:
-            log.info("signals inherited ignored, still ignored but not by turns: %s", unignored)
+            names = ", ".join(signal.Signals(signum).name for signum in unignored)
+            log.info("inherited ignored, still ignored, and not by turns: %s", names)
         config = uvicorn_config(settings, guard=guard, state_lock=lock)
         target = TargetServer(config, settings)
         # Once uvicorn has set up its loggers: theirs too.
