@@ -57,6 +57,9 @@ from target_side.fence import launcher as launcher_module
 from target_side.fence.launcher import MAX_FDS, Channel, Grants, close_all
 from target_side.fence.launcher_client import PreparedLaunches, ViaLauncher
 
+IGNORING_QUIT = ("sh", "-c", 'trap "" QUIT; exec "$@"', "sh")
+"""A prefix starting a program with SIGQUIT ignored, as a shell's background job is."""
+
 REPO = Path(__file__).resolve().parent.parent
 SYSTEM_PYTHON = "/usr/bin/python3"
 PURELIB = sysconfig.get_paths()["purelib"]
@@ -154,6 +157,8 @@ class Host:
         log = (self.base / "launcher.log").open("ab")
         self.launcher = subprocess.Popen(
             [
+                # As a shell's background job starts it, SIGQUIT ignored: turns must not be.
+                *IGNORING_QUIT,
                 "setpriv",
                 f"--bounding-set={LAUNCHER_CAPS}",
                 "--inh-caps=-all",
@@ -172,8 +177,6 @@ class Host:
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
-            # As a background job of a shell would start it: what it ignores, turns must not.
-            preexec_fn=_ignoring_quit,
         )
         log.close()
         assert wait_until(lambda: self.socket.exists(), timeout=20), self.log("launcher")
@@ -315,10 +318,6 @@ def _processes_of(uids: set[int]) -> list[int]:
             if entry.isdigit() and os.stat(f"/proc/{entry}").st_uid in uids:
                 found.append(int(entry))
     return found
-
-
-def _ignoring_quit() -> None:
-    signal.signal(signal.SIGQUIT, signal.SIG_IGN)
 
 
 @pytest.fixture(scope="module")
