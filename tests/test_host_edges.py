@@ -23,6 +23,7 @@ from conftest import (
     OTHER_TOKEN,
     Target,
     events,
+    finished,
     make_settings,
     output,
     owned_by_role,
@@ -688,13 +689,44 @@ def test_signals_a_server_inherited_ignored_it_keeps_ignoring_and_hands_to_no_tu
         target.kill()
 
 
+def _blocking_int_and_usr1() -> None:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGUSR1})
+
+
+def test_signals_a_server_inherited_blocked_reach_its_turns(tmp_path: Path) -> None:
+    """A signal mask survives exec too: started with SIGINT and SIGUSR1 blocked, the server
+    handed that mask to every turn, and a turn sent INT (the API's Ctrl-C) never got it. The
+    server still shrugs SIGUSR1 off, as it did while it was blocked."""
+    root = Path(canonical_path(tmp_path))
+    config, url = write_config(root)
+    log = root / "target.log"
+    target = TargetProcess.start(config, url, log, preexec=_blocking_int_and_usr1)
+    try:
+        server = Path(f"/proc/{target.proc.pid}/status").read_text()
+        assert signal_set(server, "SigBlk") == set()
+        assert signal.SIGUSR1 in signal_set(server, "SigCgt")
+        target.proc.send_signal(signal.SIGUSR1)
+        with target.client() as client:
+            _, evs = run(client, ["cat", "/proc/self/status"])
+            assert signal_set(output(evs), "SigBlk") == set()
+            marker = "318.75"
+            turn = submit(client, argv=["sh", "-c", f"sleep {marker}"])
+            assert wait_until(lambda: bool(processes_with("sleep", marker)))
+            client.post(f"/v1/turns/{turn.turn_id}/signal", json={"signal": "INT"})
+            assert finished(client, turn.turn_id).exit_code == 128 + signal.SIGINT
+        assert target.up()
+    finally:
+        target.kill()
+
+
 def test_signals_ignored_once_changed_need_no_program_before_bubblewrap() -> None:
     """What the server does at its start leaves ``env --default-signal`` nothing to do."""
     script = (
-        "import signal; signal.signal(signal.SIGQUIT, signal.SIG_IGN)\n"
+        "import signal; signal.pthread_sigmask(signal.SIG_SETMASK, ())\n"
+        "signal.signal(signal.SIGQUIT, signal.SIG_IGN)\n"
         "from target_side.fence import launch, signals\n"
         "assert launch.signal_reset_prefix()\n"
-        "print(signals.stop_passing_on_ignored(), launch.signal_reset_prefix())\n"
+        "print(signals.stop_passing_on_inherited(), launch.signal_reset_prefix())\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=True

@@ -1140,7 +1140,7 @@ def main(config: Path) -> int:
                 f'{config} runs every turn as the server ([fence] identity = "server")'
             )
         grants = Grants.load(settings)
-        signals.stop_passing_on_ignored()  # the turns it starts inherit none of them
+        signals.stop_passing_on_inherited()  # the turns it starts inherit none of them
         asyncio.run(serve(grants, settings.fence.launcher))
     except (TargetError, OSError) as exc:
         print(f"paddock-target launcher: {exc}", file=sys.stderr)

@@ -113,7 +113,7 @@ def serve(settings: Settings) -> None:
     whose it is, not that the port is taken.
     """
     collapse_repeats()
-    unignored = signals.stop_passing_on_ignored()
+    kept = signals.stop_passing_on_inherited()
     lock = StateLock.acquire(settings.state_root, settings.server.listen)
     try:
         server = settings.server
@@ -121,9 +121,9 @@ def serve(settings: Settings) -> None:
         sock = listen(settings, guard)
         scheme = "https" if server.tls_cert else "http"
         log.info("paddock target on %s://%s, state in %s", scheme, server.listen, server.state_root)
-        if unignored:
-            names = ", ".join(signal.Signals(signum).name for signum in unignored)
-            log.info("inherited ignored, still ignored, and not by turns: %s", names)
+        if kept:
+            names = ", ".join(signal.Signals(signum).name for signum in kept)
+            log.info("inherited ignored or blocked, still here but not in turns: %s", names)
         config = uvicorn_config(settings, guard=guard, state_lock=lock)
         target = TargetServer(config, settings)
         # Once uvicorn has set up its loggers: theirs too.
