@@ -210,6 +210,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_host_edges.py -k inherited_blocked",),
     ),
     Mutation(
+        "piped-core-pattern-passed-as-ok",
+        "target_side/tools/doctor.py",
+        '    if not pattern.startswith("|"):\n',
+        "    if True:\n",
+        ("tests/test_deploy.py -k crash_in_a_fence",),
+    ),
+    Mutation(
         "inherited-ignores-ignored-again",
         "target_side/fence/signals.py",
         "    if action == _signal.SIG_IGN:\n        return _ignore\n",

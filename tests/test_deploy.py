@@ -730,6 +730,30 @@ def test_doctor_names_each_degraded_thing_with_a_fix(
     assert "DEGRADED  tls-key" in printed and "fix: chmod 0600" in printed
 
 
+@pytest.mark.parametrize(
+    ("pattern", "status", "says"),
+    [
+        ("|/usr/share/apport/apport -p%p -s%s -c%c -d%d -P%P -- %E\n", "degraded", "apport"),
+        ("|/lib/systemd/systemd-coredump %P %u %g %s %t %c %h\n", "degraded", "systemd-coredump"),
+        ("core\n", "ok", "inside the fence"),
+        ("/var/crash/core.%p\n", "ok", "inside the fence"),
+    ],
+)
+def test_doctor_says_when_a_crash_in_a_fence_starts_a_program_as_root_on_the_host(
+    pattern: str, status: str, says: str
+) -> None:
+    """A core pattern that pipes (``|``) makes the kernel start its program as root, outside
+    every namespace, for each crash anywhere: a turn can crash at will, and the program reads
+    what the crashed process made itself. Any other pattern writes inside the fence."""
+    from target_side.tools import doctor
+
+    found = doctor.crash_dumps(pattern)
+    assert (found.area, found.status) == ("crash-dumps", status)
+    assert says in found.summary
+    if status == "degraded":
+        assert "kernel.core_pattern" in (found.fix or "")
+
+
 # --- the unit file, for a deployed user and prefix -------------------------------------------
 
 

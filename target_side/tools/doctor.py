@@ -107,6 +107,7 @@ def examine(config: Path) -> list[Finding]:
         _workspaces(settings),
         *_backend(settings),
         _seccomp(),
+        crash_dumps(),
         _limits(server),
         _cgroups(server),
         _state_root(settings),
@@ -509,6 +510,43 @@ def _seccomp() -> Finding:
         f"turns run without the system-call filter: {reason}",
         "apt-get install python3-seccomp (for the Python the server runs on), "
         "then restart the server",
+    )
+
+
+CORE_PATTERN = Path("/proc/sys/kernel/core_pattern")
+
+
+def crash_dumps(pattern: str | None = None) -> Finding:
+    """Where a crash inside a fence goes (``pattern``: ``kernel.core_pattern``, read if None).
+
+    A pattern that pipes makes the kernel start its program as root, outside
+    every namespace, for each crash anywhere, reading what the crashed process
+    made itself: a turn can crash at will. Any other pattern is a file the
+    crashing process writes within its own mount namespace: inside the fence.
+    """
+    if pattern is None:
+        try:
+            pattern = CORE_PATTERN.read_text()
+        except OSError as exc:
+            return Finding("crash-dumps", "info", f"cannot read {CORE_PATTERN}: {exc.strerror}")
+    pattern = pattern.strip()
+    if not pattern.startswith("|"):
+        return Finding(
+            "crash-dumps",
+            "ok",
+            f"a crash inside a fence writes its core file inside the fence ({pattern!r}), "
+            "as far as its limit allows",
+        )
+    program = os.path.basename(pattern[1:].split(maxsplit=1)[0]) if pattern[1:].strip() else "?"
+    return Finding(
+        "crash-dumps",
+        "degraded",
+        f"a crash of any process in a fence starts {program} as root on the host "
+        "(kernel.core_pattern pipes core dumps to it): every turn can hand it input of its "
+        "choosing, and a flaw in it is a way out of the fence",
+        "if turns' crash reports are not needed: sysctl -w kernel.core_pattern=core, and the "
+        "same in /etc/sysctl.d/ to keep it (a crash then writes a core file inside its fence)",
+        (f"kernel.core_pattern = {pattern}",),
     )
 
 
