@@ -210,6 +210,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_host_edges.py -k inherited_blocked",),
     ),
     Mutation(
+        "keyrings-reachable-from-a-fence",
+        "target_side/fence/syscall_filter.py",
+        'ENOSYS_CALLS = (*NEW_MOUNT_API, "clone3", *KEYRINGS)\n',
+        'ENOSYS_CALLS = (*NEW_MOUNT_API, "clone3")\n',
+        ("tests/test_host_edges.py -k keyrings",),
+    ),
+    Mutation(
         "piped-core-pattern-passed-as-ok",
         "target_side/tools/doctor.py",
         '    if not pattern.startswith("|"):\n',

@@ -7,6 +7,7 @@ runs, the identity the turn acts as, the files it touches and protects.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -655,7 +656,58 @@ def test_env_turn_id_is_minted_even_when_the_server_has_one(
     assert output(evs) == f"{turn.turn_id}\n"
 
 
-# --- 12. the signals a turn starts with --------------------------------------------------------
+# --- 12. the kernel's keyrings ----------------------------------------------------------------
+
+KEYCTL, ADD_KEY = 250, 248
+JOIN_SESSION_KEYRING, SESSION_KEYRING = 1, -3
+
+
+def _holding_a_key() -> None:
+    """A session keyring of the server's own, as systemd gives every service, holding a secret
+    (what a login's keyring or a service's credentials would hold)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.syscall(KEYCTL, JOIN_SESSION_KEYRING, None) >= 0
+    secret = b"server-secret-0417"
+    added = libc.syscall(ADD_KEY, b"user", b"paddock-test", secret, len(secret), SESSION_KEYRING)
+    assert added >= 0
+
+
+KEY_PROBE = r"""
+import ctypes, errno
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def call(*args):
+    ctypes.set_errno(0)
+    result = libc.syscall(*args)
+    return result if result >= 0 else errno.errorcode[ctypes.get_errno()]
+session = call(250, 0, -3, 0)
+key = call(250, 10, session, b"user", b"paddock-test", 0) if isinstance(session, int) else None
+read = ctypes.create_string_buffer(64)
+size = call(250, 11, key, read, 64) if isinstance(key, int) else None
+upcall = call(249, b"user", b"paddock-test-upcall", b"callout", 0)
+print(session, key, read.raw[: size if isinstance(size, int) else 0], upcall)
+"""
+
+
+def test_keyrings_a_turn_reaches_none_of_the_servers_keys(tmp_path: Path) -> None:
+    """Keyrings belong to no namespace, and a session keyring is inherited through exec and a
+    change of uid: a turn would possess the server's (systemd's per-service one, or a login's,
+    linked to root's own) and read every key in it. ``request_key`` would start the host's
+    ``request-key`` program as root. The fence answers all three calls with ENOSYS."""
+    root = Path(canonical_path(tmp_path))
+    config, url = write_config(root)
+    target = TargetProcess.start(config, url, root / "target.log", preexec=_holding_a_key)
+    try:
+        with target.client() as client:
+            turn, evs = run(client, ["python3", "-c", KEY_PROBE])
+    finally:
+        target.kill()
+    assert turn.exit_code == 0, output(evs, "stderr")
+    assert "server-secret" not in output(evs)
+    assert output(evs).split() == ["ENOSYS", "None", "b''", "ENOSYS"]
+
+
+# --- 13. the signals a turn starts with --------------------------------------------------------
 
 
 def _ignoring_quit_and_hangup() -> None:

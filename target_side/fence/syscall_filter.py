@@ -14,6 +14,11 @@ Everything is allowed except what lets a turn reach past its fence:
   inspect, so only ``clone`` is left, whose flags the kernel checks as usual.
 - ``socket(AF_VSOCK)`` for a turn without network: EAFNOSUPPORT. vsock is not
   namespaced: on a virtual machine it reaches the hypervisor and its other guests.
+- The kernel's keyrings (``keyctl add_key request_key``): ENOSYS, as on a kernel
+  built without them. Keyrings belong to no namespace, and a session keyring is
+  inherited through exec and a change of uid: a turn would possess the server's
+  (or the launcher's) and read every key in it, and ``request_key`` starts the
+  host's ``request-key`` program as root.
 
 The binding lives in the system interpreter's dist-packages, which a virtual
 environment rightly does not see; exactly that one root-owned extension is
@@ -44,7 +49,8 @@ NEW_MOUNT_API = (
     "open_tree",
     "mount_setattr",
 )
-ENOSYS_CALLS = (*NEW_MOUNT_API, "clone3")
+KEYRINGS = ("keyctl", "add_key", "request_key")
+ENOSYS_CALLS = (*NEW_MOUNT_API, "clone3", *KEYRINGS)
 AF_VSOCK = 40
 FOREIGN_ARCHES = ("X86", "X32")
 """Other ABIs an x86-64 kernel runs: each gets the same rules (an unfiltered ABI is a way round)."""

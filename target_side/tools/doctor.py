@@ -502,7 +502,7 @@ def _seccomp() -> Finding:
             "seccomp",
             "ok",
             "every fence gets the system-call filter (TIOCSTI, "
-            "TIOCLINUX, the new mount API and clone3 are refused)",
+            "TIOCLINUX, the new mount API, clone3 and the kernel's keyrings are refused)",
         )
     return Finding(
         "seccomp",
