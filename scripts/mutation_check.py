@@ -217,6 +217,27 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_host_edges.py -k keyrings",),
     ),
     Mutation(
+        "fence-reaches-the-hosts-abstract-sockets",
+        "target_side/fence/nursery.py",
+        "        self._settle()\n        _confine()\n",
+        "        self._settle()\n",
+        ("tests/test_host_edges.py -k abstract",),
+    ),
+    Mutation(
+        "launcher-fence-reaches-the-hosts-abstract-sockets",
+        "target_side/fence/launcher.py",
+        "        landlock.confine_thread(program)  # the host's abstract sockets out of the fence's reach\n",
+        "",
+        ("tests/test_launcher.py -k abstract",),
+    ),
+    Mutation(
+        "landlock-domain-scopes-nothing",
+        "target_side/fence/landlock.py",
+        "    ruleset = _Ruleset(0, 0, SCOPE_ABSTRACT_UNIX_SOCKET)\n",
+        "    ruleset = _Ruleset(0, 0, 0)\n",
+        ("tests/test_host_edges.py -k abstract", "tests/test_launcher.py -k abstract"),
+    ),
+    Mutation(
         "piped-core-pattern-passed-as-ok",
         "target_side/tools/doctor.py",
         '    if not pattern.startswith("|"):\n',

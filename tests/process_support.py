@@ -34,6 +34,38 @@ def proc_status(path: str) -> dict[str, list[str]]:
     return proc_fields(Path(path).read_text())
 
 
+ABSTRACT_CONNECT = (
+    "import socket, sys\n"
+    "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+    "try:\n    s.connect(b'\\0' + sys.argv[1].encode()); print(s.recv(64).decode())\n"
+    "except OSError as e:\n    print(e.errno)\n"
+)
+"""A turn's program: connect to the abstract unix socket named by its argument, print what
+it says, or the error number."""
+
+
+@contextlib.contextmanager
+def abstract_listener() -> Iterator[str]:
+    """An abstract unix socket of this process's that answers "host secret"; its name (without
+    the leading NUL), for ``ABSTRACT_CONNECT``."""
+    name = f"paddock-test-{os.urandom(6).hex()}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(b"\0" + name.encode())
+    listener.listen(1)
+
+    def answer() -> None:
+        with contextlib.suppress(OSError):
+            peer, _ = listener.accept()
+            peer.sendall(b"host secret")
+            peer.close()
+
+    threading.Thread(target=answer, daemon=True).start()
+    try:
+        yield name
+    finally:
+        listener.close()
+
+
 def signal_set(status: str, name: str = "SigIgn") -> set[int]:
     """The signals a ``/proc/PID/status`` text lists under ``name`` (``SigIgn``: ignored,
     ``SigCgt``: caught by a handler)."""

@@ -754,6 +754,32 @@ def test_doctor_says_when_a_crash_in_a_fence_starts_a_program_as_root_on_the_hos
         assert "kernel.core_pattern" in (found.fix or "")
 
 
+@pytest.mark.parametrize(
+    ("abi", "network", "status"),
+    [
+        (7, True, "ok"),
+        (6, False, "ok"),
+        (5, True, "degraded"),
+        (0, True, "degraded"),
+        (3, False, "info"),
+    ],
+)
+def test_doctor_says_when_turns_with_network_reach_the_hosts_abstract_sockets(
+    tmp_path: Path, abi: int, network: bool, status: str
+) -> None:
+    from target_side.config import parse_settings
+    from target_side.tools import doctor
+
+    text = (
+        f'[server]\nstate_root = "{tmp_path}"\n[roles.web]\ntoken_sha256 = "{"0" * 64}"\n'
+        f'workspaces = ["{tmp_path}"]\nallow_network = {str(network).lower()}\n'
+    )
+    found = doctor.abstract_sockets(parse_settings(text), abi)
+    assert (found.area, found.status) == ("abstract-sockets", status)
+    if status == "degraded":
+        assert "web" in found.summary and "Linux 6.12" in (found.fix or "")
+
+
 # --- the unit file, for a deployed user and prefix -------------------------------------------
 
 

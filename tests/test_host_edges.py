@@ -33,7 +33,16 @@ from conftest import (
     submit,
     wait_until,
 )
-from process_support import REPO, TargetProcess, parent_pid, proc_status, signal_set, write_config
+from process_support import (
+    ABSTRACT_CONNECT,
+    REPO,
+    TargetProcess,
+    abstract_listener,
+    parent_pid,
+    proc_status,
+    signal_set,
+    write_config,
+)
 
 from shared.walk import canonical_path
 from shared.wire import Turn
@@ -593,6 +602,17 @@ def test_vsock_stays_for_a_role_with_network(edges: Target) -> None:
         turn, evs = run(c, ["python3", "-c", VSOCK], role="other", network="host")
     assert turn.exit_code == 0
     assert output(evs) != "97\n"
+
+
+def test_network_turn_reaches_no_abstract_socket_of_the_host(edges: Target) -> None:
+    """A turn with the host's network shares its network namespace, and with it every
+    abstract unix socket listening there (a D-Bus bus, an X server, a container runtime's
+    shim, whose peers are trusted for being on the machine). The fence's Landlock domain
+    keeps them out of reach (EPERM) where the kernel has one (ABI 6, Linux 6.12)."""
+    with abstract_listener() as name, edges.client(OTHER_TOKEN) as c:
+        turn, evs = run(c, ["python3", "-c", ABSTRACT_CONNECT, name], role="other", network="host")
+    assert turn.exit_code == 0, output(evs, "stderr")
+    assert output(evs) == "1\n"  # EPERM
 
 
 # --- 9. the fence's PATH ---------------------------------------------------------------------

@@ -49,7 +49,7 @@ from conftest import (
     submit,
     wait_until,
 )
-from process_support import parent_pid, signal_set
+from process_support import ABSTRACT_CONNECT, abstract_listener, parent_pid, signal_set
 
 from target_side.config import RoleConfig, Settings, load_settings
 from target_side.errors import LauncherError
@@ -390,6 +390,24 @@ def test_launcher_started_ignoring_a_signal_hands_it_to_no_turn(
     turn, evs = run(client, ["cat", "/proc/self/status"])
     assert turn.exit_code == 0, evs
     assert signal_set(output(evs)) == set()
+
+
+def test_launcher_network_turn_reaches_no_abstract_socket_of_the_host(host: Host) -> None:
+    """The launcher's child joins the fence's Landlock domain before it becomes bubblewrap
+    (``fence.landlock``): a turn with the host's network cannot reach the host's abstract
+    unix sockets (EPERM) through the launcher either."""
+    host.write_config(allow_network="true")
+    host.stop_server()
+    host.start_server()
+    try:
+        with abstract_listener() as name, host.client() as c:
+            turn, evs = run(c, ["python3", "-c", ABSTRACT_CONNECT, name], network="host")
+        assert turn.exit_code == 0, output(evs, "stderr")
+        assert output(evs) == "1\n"
+    finally:
+        host.write_config()
+        host.stop_server()
+        host.start_server()
 
 
 def test_launcher_files_a_turn_creates_are_the_roles(host: Host, client: httpx.Client) -> None:

@@ -105,7 +105,7 @@ from shared.walk import canonical_path, is_within
 from target_side import trust
 from target_side.config import Settings, load_settings
 from target_side.errors import HomeError, LauncherError, TargetError
-from target_side.fence import audit, home, signals
+from target_side.fence import audit, home, landlock, signals
 from target_side.fence.cgroupfs import TURN_CGROUP, cgroup_mounts
 from target_side.fence.nofollow import open_no_follow
 from target_side.fence.pidns import parent_of, pid_namespace, signal_namespace
@@ -989,6 +989,7 @@ def _exec_child(
         for signum in signals.RESTORED_BY_SPAWN:  # ignored by Python; would survive exec
             signal.signal(signum, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
+        landlock.confine_thread(program)  # the host's abstract sockets out of the fence's reach
         os.chdir("/")
         os.execve(program, argv, EXEC_ENV)  # noqa: S606 - checked root-owned program, no shell
     except BaseException as exc:

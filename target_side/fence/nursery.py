@@ -52,7 +52,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from target_side.fence import thread_ids
+from target_side.fence import landlock, thread_ids
 from target_side.fence.cgroupfs import TURN_PREFIX, write_control
 
 log = logging.getLogger("paddock.target")
@@ -167,6 +167,7 @@ class Worker:
     def _live(self) -> None:
         thread_ids.mark_one_shot()  # it may act as a role's ids: it ends with its process
         self._settle()
+        _confine()
         job = self._jobs.get()
         if job is None:
             # Sent away unused: a nursery that took it replaces it once ``spawned`` is done.
@@ -279,6 +280,15 @@ class Nursery:
         for worker in idle:
             worker.join(timeout=5)
             remove_when_empty(worker.dirs)
+
+
+def _confine() -> None:
+    """This thread, and the fence it starts, kept from the host's abstract unix sockets
+    (``fence.landlock``), where the kernel can; a failure is said, and the turn goes on."""
+    try:
+        landlock.confine_thread()
+    except OSError as exc:
+        log.warning("a turn worker could not join its Landlock domain: %s", exc)
 
 
 def _tell(step: Callable[..., None], *args: Any) -> None:

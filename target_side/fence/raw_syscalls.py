@@ -26,6 +26,9 @@ NUMBERS = {
         "capget": 125,
         "capset": 126,
         "openat2": 437,
+        "landlock_create_ruleset": 444,
+        "landlock_restrict_self": 446,
+        "prctl": 157,
     },
     "aarch64": {
         "setgroups": 159,
@@ -34,6 +37,9 @@ NUMBERS = {
         "capget": 90,
         "capset": 91,
         "openat2": 437,
+        "landlock_create_ruleset": 444,
+        "landlock_restrict_self": 446,
+        "prctl": 167,
     },
 }
 """Numbers of the calls used, per machine."""

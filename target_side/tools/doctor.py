@@ -37,7 +37,7 @@ from shared.walk import canonical_path, mount_conflict
 from shared.wire import Health
 from target_side.config import Settings
 from target_side.errors import BackendError, LauncherError, RefusedError
-from target_side.fence import syscall_filter
+from target_side.fence import landlock, syscall_filter
 from target_side.fence.cgroupfs import (
     CONTROLLERS,
     CgroupMount,
@@ -107,6 +107,7 @@ def examine(config: Path) -> list[Finding]:
         _workspaces(settings),
         *_backend(settings),
         _seccomp(),
+        abstract_sockets(settings),
         crash_dumps(),
         _limits(server),
         _cgroups(server),
@@ -510,6 +511,35 @@ def _seccomp() -> Finding:
         f"turns run without the system-call filter: {reason}",
         "apt-get install python3-seccomp (for the Python the server runs on), "
         "then restart the server",
+    )
+
+
+def abstract_sockets(settings: Settings, abi: int | None = None) -> Finding:
+    """Whether a turn with the host's network reaches the host's abstract unix sockets
+    (``fence.landlock``; ``abi``: the kernel's Landlock ABI, asked if None)."""
+    abi = landlock.abi() if abi is None else abi
+    if abi >= landlock.SCOPED_ABI:
+        return Finding(
+            "abstract-sockets",
+            "ok",
+            f"fences reach no abstract unix socket of the host (Landlock ABI {abi})",
+        )
+    networked = sorted(role for role, config in settings.roles.items() if config.allow_network)
+    why = f"Landlock ABI {abi}, which has no scopes" if abi else "no Landlock in this kernel"
+    if not networked:
+        return Finding(
+            "abstract-sockets",
+            "info",
+            f"no role has the host's network; one that had it would reach every abstract unix "
+            f"socket listening on the host ({why})",
+        )
+    return Finding(
+        "abstract-sockets",
+        "degraded",
+        f"turns of {', '.join(networked)} with the host's network reach every abstract unix "
+        f"socket listening on the host, such as a D-Bus bus or a container runtime's ({why})",
+        "a kernel with Landlock ABI 6 or later (Linux 6.12) and landlock among its security "
+        "modules (the lsm= boot option), or allow_network = false for those roles",
     )
 
 
