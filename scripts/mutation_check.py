@@ -212,8 +212,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "keyrings-reachable-from-a-fence",
         "target_side/fence/syscall_filter.py",
-        'ENOSYS_CALLS = (*NEW_MOUNT_API, "clone3", *KEYRINGS)\n',
-        'ENOSYS_CALLS = (*NEW_MOUNT_API, "clone3")\n',
+        'ENOSYS_CALLS = (*NEW_MOUNT_API, "clone3", *KEYRINGS, *IO_URING)\n',
+        'ENOSYS_CALLS = (*NEW_MOUNT_API, "clone3", *IO_URING)\n',
         ("tests/test_host_edges.py -k keyrings",),
     ),
     Mutation(
@@ -236,6 +236,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         "    ruleset = _Ruleset(0, 0, SCOPE_ABSTRACT_UNIX_SOCKET)\n",
         "    ruleset = _Ruleset(0, 0, 0)\n",
         ("tests/test_host_edges.py -k abstract", "tests/test_launcher.py -k abstract"),
+    ),
+    Mutation(
+        "io-uring-open-in-a-fence",
+        "target_side/fence/syscall_filter.py",
+        'ENOSYS_CALLS = (*NEW_MOUNT_API, "clone3", *KEYRINGS, *IO_URING)\n',
+        'ENOSYS_CALLS = (*NEW_MOUNT_API, "clone3", *KEYRINGS)\n',
+        ("tests/test_seccomp.py -k io_uring",),
     ),
     Mutation(
         "piped-core-pattern-passed-as-ok",

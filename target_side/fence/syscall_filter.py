@@ -19,6 +19,10 @@ Everything is allowed except what lets a turn reach past its fence:
   inherited through exec and a change of uid: a turn would possess the server's
   (or the launcher's) and read every key in it, and ``request_key`` starts the
   host's ``request-key`` program as root.
+- io_uring (``io_uring_setup io_uring_enter io_uring_register``): ENOSYS, on
+  which programs fall back to plain calls. It is a second way into the kernel
+  beside the system calls this filter sees, and where most of the kernel's
+  recent holes were (``kernel.io_uring_disabled`` exists for that reason).
 
 The binding lives in the system interpreter's dist-packages, which a virtual
 environment rightly does not see; exactly that one root-owned extension is
@@ -50,7 +54,8 @@ NEW_MOUNT_API = (
     "mount_setattr",
 )
 KEYRINGS = ("keyctl", "add_key", "request_key")
-ENOSYS_CALLS = (*NEW_MOUNT_API, "clone3", *KEYRINGS)
+IO_URING = ("io_uring_setup", "io_uring_enter", "io_uring_register")
+ENOSYS_CALLS = (*NEW_MOUNT_API, "clone3", *KEYRINGS, *IO_URING)
 AF_VSOCK = 40
 FOREIGN_ARCHES = ("X86", "X32")
 """Other ABIs an x86-64 kernel runs: each gets the same rules (an unfiltered ABI is a way round)."""

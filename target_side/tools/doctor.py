@@ -503,7 +503,8 @@ def _seccomp() -> Finding:
             "seccomp",
             "ok",
             "every fence gets the system-call filter (TIOCSTI, "
-            "TIOCLINUX, the new mount API, clone3 and the kernel's keyrings are refused)",
+            "TIOCLINUX, the new mount API, clone3, io_uring and the kernel's keyrings are "
+            "refused)",
         )
     return Finding(
         "seccomp",
