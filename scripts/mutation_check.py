@@ -226,8 +226,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "launcher-fence-reaches-the-hosts-abstract-sockets",
         "target_side/fence/launcher.py",
-        "        landlock.confine_thread(program)  # the host's abstract sockets out of the fence's reach\n",
-        "",
+        "            landlock.confine_thread(program)  # the host's abstract sockets out of reach\n",
+        "            pass\n",
         ("tests/test_launcher.py -k abstract",),
     ),
     Mutation(

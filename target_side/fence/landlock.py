@@ -62,6 +62,12 @@ def scopes_sockets() -> bool:
     return abi() >= SCOPED_ABI
 
 
+def confines_without_privilege(bwrap: str | None = None) -> bool:
+    """Whether a thread without CAP_SYS_ADMIN (an unprivileged server's, the launcher's
+    child) can join the domain: not where ``bwrap`` (the trusted one if None) is setuid."""
+    return scopes_sockets() and not _setuid(bwrap or _trusted_bwrap())
+
+
 def confine_thread(bwrap: str | None = None) -> bool:
     """Put the calling thread, and everything it starts from now on, in a domain that reaches
     only its own abstract unix sockets; whether it now is (see the module for when not).

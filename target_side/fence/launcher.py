@@ -989,7 +989,8 @@ def _exec_child(
         for signum in signals.RESTORED_BY_SPAWN:  # ignored by Python; would survive exec
             signal.signal(signum, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
-        landlock.confine_thread(program)  # the host's abstract sockets out of the fence's reach
+        with contextlib.suppress(OSError):  # as where a worker thread fails to (``nursery``)
+            landlock.confine_thread(program)  # the host's abstract sockets out of reach
         os.chdir("/")
         os.execve(program, argv, EXEC_ENV)  # noqa: S606 - checked root-owned program, no shell
     except BaseException as exc:

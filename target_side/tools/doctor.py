@@ -519,7 +519,8 @@ def abstract_sockets(settings: Settings, abi: int | None = None) -> Finding:
     """Whether a turn with the host's network reaches the host's abstract unix sockets
     (``fence.landlock``; ``abi``: the kernel's Landlock ABI, asked if None)."""
     abi = landlock.abi() if abi is None else abi
-    if abi >= landlock.SCOPED_ABI:
+    setuid = not landlock.confines_without_privilege() and os.getuid() != 0
+    if abi >= landlock.SCOPED_ABI and not setuid:
         return Finding(
             "abstract-sockets",
             "ok",
@@ -527,6 +528,9 @@ def abstract_sockets(settings: Settings, abi: int | None = None) -> Finding:
         )
     networked = sorted(role for role, config in settings.roles.items() if config.allow_network)
     why = f"Landlock ABI {abi}, which has no scopes" if abi else "no Landlock in this kernel"
+    if abi >= landlock.SCOPED_ABI:
+        why = "bubblewrap is setuid here, and a Landlock domain would take no_new_privs, under "
+        why += "which it would lose its setuid bit"
     if not networked:
         return Finding(
             "abstract-sockets",
