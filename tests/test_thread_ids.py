@@ -25,16 +25,14 @@ UID = 1_900_004_242
 # to hand on (inheritable and ambient), as a server under a service manager may have.
 HARNESS = """
 import ctypes, json, os, subprocess, sys, threading
-from target_side.fence import thread_ids
+from target_side.fence import raw_syscalls, thread_ids
 from target_side.errors import ThreadIdsError
 
 UID = int(sys.argv[1])
 CAP_NET_RAW = 13
 libc = ctypes.CDLL(None, use_errno=True)
 os.setgroups([4242])
-header = thread_ids._CapHeader(thread_ids.CAPABILITY_VERSION_3, 0)
-data = (thread_ids._CapData * 2)()
-thread_ids._call("capget", ctypes.byref(header), data)
+header, data = raw_syscalls.capabilities()
 data[0].inheritable |= 1 << CAP_NET_RAW
 thread_ids._call("capset", ctypes.byref(header), data)
 assert libc.prctl(47, 2, CAP_NET_RAW, 0, 0) == 0  # PR_CAP_AMBIENT_RAISE

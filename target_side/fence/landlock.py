@@ -27,7 +27,6 @@ import functools
 import os
 import shutil
 import stat
-from pathlib import Path
 
 from target_side.fence import raw_syscalls
 
@@ -77,7 +76,7 @@ def confine_thread(bwrap: str | None = None) -> bool:
     """
     if not scopes_sockets():
         return False
-    if not _has_sys_admin():
+    if not raw_syscalls.has_effective(CAP_SYS_ADMIN):
         if _setuid(bwrap or _trusted_bwrap()):
             return False
         raw_syscalls.call("prctl", PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
@@ -90,14 +89,6 @@ def confine_thread(bwrap: str | None = None) -> bool:
     finally:
         os.close(made)
     return True
-
-
-def _has_sys_admin() -> bool:
-    """Whether the calling thread's effective capabilities hold CAP_SYS_ADMIN."""
-    for line in Path("/proc/thread-self/status").read_text().splitlines():
-        if line.startswith("CapEff:"):
-            return bool(int(line.split()[1], 16) >> CAP_SYS_ADMIN & 1)
-    return False
 
 
 @functools.cache

@@ -75,6 +75,36 @@ def call(name: str, *args: object) -> int:
     return result
 
 
+CAPABILITY_VERSION_3 = 0x20080522
+"""The capability sets in two 32-bit halves each (``capget(2)``)."""
+
+
+class CapHeader(ctypes.Structure):
+    _fields_ = (("version", ctypes.c_uint32), ("pid", ctypes.c_int))
+
+
+class CapData(ctypes.Structure):
+    _fields_ = (
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    )
+
+
+def capabilities() -> tuple[CapHeader, ctypes.Array[CapData]]:
+    """The calling thread's capability sets (``capget``), in the form ``capset`` takes back."""
+    header = CapHeader(CAPABILITY_VERSION_3, 0)
+    data = (CapData * 2)()
+    call("capget", ctypes.byref(header), data)
+    return header, data
+
+
+def has_effective(capability: int) -> bool:
+    """Whether the calling thread's effective set holds ``capability`` (one system call)."""
+    _, data = capabilities()
+    return bool(data[capability // 32].effective >> (capability % 32) & 1)
+
+
 def _arg(value: object) -> object:
     return ctypes.c_long(value) if isinstance(value, int) else value
 

@@ -53,21 +53,8 @@ SUID_DUMP_USER = 1
 """The setting under which a process that changed ids stays traceable by its new uid."""
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
-CAPABILITY_VERSION_3 = 0x20080522
 
 _one_shot = threading.local()
-
-
-class _CapHeader(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-
-class _CapData(ctypes.Structure):
-    _fields_ = [
-        ("effective", ctypes.c_uint32),
-        ("permitted", ctypes.c_uint32),
-        ("inheritable", ctypes.c_uint32),
-    ]
 
 
 def usable_for(uid: int) -> bool:
@@ -134,9 +121,10 @@ def _drop_inherited_capabilities() -> None:
     libc = raw_syscalls.libc()
     if libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0:
         raise ThreadIdsError(f"clearing ambient capabilities: {os.strerror(ctypes.get_errno())}")
-    header = _CapHeader(CAPABILITY_VERSION_3, 0)
-    data = (_CapData * 2)()
-    _call("capget", ctypes.byref(header), data)
+    try:
+        header, data = raw_syscalls.capabilities()
+    except (OSError, LookupError) as exc:
+        raise ThreadIdsError(f"reading capabilities: {exc}") from None
     if data[0].inheritable or data[1].inheritable:
         data[0].inheritable = data[1].inheritable = 0
         _call("capset", ctypes.byref(header), data)
