@@ -245,6 +245,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_seccomp.py -k io_uring",),
     ),
     Mutation(
+        "embedded-target-hands-on-its-hosts-mask",
+        "target_side/service/server.py",
+        "        signal.pthread_sigmask(signal.SIG_SETMASK, ())\n        self._server.run(",
+        "        self._server.run(",
+        ("tests/test_cli_e2e.py -k blocked",),
+    ),
+    Mutation(
         "piped-core-pattern-passed-as-ok",
         "target_side/tools/doctor.py",
         '    if not pattern.startswith("|"):\n',

@@ -165,6 +165,28 @@ def test_run_local_starts_and_removes_an_embedded_target(
     assert _local_dirs() == before
 
 
+def test_run_local_hands_no_blocked_signal_to_its_turn(tmp_path: Path) -> None:
+    """A signal mask survives exec: a CLI started with SIGINT blocked (by a program that
+    runs it) must not hand that to the turn of its embedded target, whose Ctrl-C it forwards."""
+    workspace = tmp_path / "project"
+    workspace.mkdir()
+    result = subprocess.run(
+        [*CLI, "run", "--local", "--", "grep", "SigBlk", "/proc/self/status"],
+        env=_env(),
+        capture_output=True,
+        timeout=60,
+        cwd=workspace,
+        stdin=subprocess.DEVNULL,
+        preexec_fn=_blocking_int,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [b"SigBlk:", b"0000000000000000"]
+
+
+def _blocking_int() -> None:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+
 def _local_dirs() -> set[str]:
     """What an embedded target leaves in the temp dirs it may use (other processes' files aside)."""
     found = set()

@@ -153,14 +153,15 @@ class ServerThread:
         self._config = uvicorn_config(settings, log_level, guard)
         self._server = TargetServer(self._config, settings)
         self._socket = listen(settings, guard)
-        self._thread = threading.Thread(
-            target=self._server.run,
-            kwargs={"sockets": [self._socket]},
-            daemon=True,
-            name="paddock-target",
-        )
+        self._thread = threading.Thread(target=self._serve, daemon=True, name="paddock-target")
         self._scheme = "https" if server.tls_cert else "http"
         self._stop_s = START_TIMEOUT_S + server.stop_grace_s
+
+    def _serve(self) -> None:
+        # Every thread the server starts inherits this one's mask, and every fence theirs:
+        # what its host process has blocked (the CLI's, in ``paddock run --local``) stays there.
+        signal.pthread_sigmask(signal.SIG_SETMASK, ())
+        self._server.run(sockets=[self._socket])
 
     @property
     def port(self) -> int:
