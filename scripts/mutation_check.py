@@ -252,6 +252,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_cli_e2e.py -k blocked",),
     ),
     Mutation(
+        "abstract-sockets-passed-as-ok-without-scopes",
+        "target_side/tools/doctor.py",
+        "    if abi >= landlock.SCOPED_ABI and not setuid:\n",
+        "    if True:\n",
+        ("tests/test_deploy.py -k abstract_sockets",),
+    ),
+    Mutation(
         "piped-core-pattern-passed-as-ok",
         "target_side/tools/doctor.py",
         '    if not pattern.startswith("|"):\n',

@@ -12,6 +12,10 @@ import os
 import posixpath
 import stat
 
+PROGRAM_PATH = "/usr/bin:/bin:/usr/local/bin"
+"""Where the target finds the programs it starts outside a fence (bubblewrap, ``env``), and
+the only PATH they get: never the server's own, which its environment could bend."""
+
 
 def trusted_owners(also: int | None = None) -> frozenset[int]:
     """The uids whose files the target trusts: root and its own, and ``also`` if given.

@@ -41,8 +41,9 @@ from target_side.fence.launcher_client import ViaLauncher, WriteProtocol
 from target_side.fence.limits import TurnLimits
 from target_side.fence.nursery import Worker
 from target_side.fence.pidns import signal_namespace
+from target_side.trust import PROGRAM_PATH
 
-BWRAP_ENV = {"PATH": "/usr/bin:/bin:/usr/local/bin"}
+BWRAP_ENV = {"PATH": PROGRAM_PATH}
 """All the environment bubblewrap itself gets (never the server's, never the turn's)."""
 TURN_UMASK = 0o022
 """One umask for every turn, whatever the server was started with."""

@@ -29,12 +29,12 @@ import shutil
 import stat
 
 from target_side.fence import raw_syscalls
+from target_side.trust import PROGRAM_PATH
 
 SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0
 CREATE_RULESET_VERSION = 1 << 0
 SCOPED_ABI = 6
 """The first Landlock ABI with scopes (Linux 6.12)."""
-TRUSTED_BIN_PATH = "/usr/bin:/bin"
 PR_SET_NO_NEW_PRIVS = 38
 CAP_SYS_ADMIN = 21
 
@@ -61,12 +61,6 @@ def scopes_sockets() -> bool:
     return abi() >= SCOPED_ABI
 
 
-def confines_without_privilege(bwrap: str | None = None) -> bool:
-    """Whether a thread without CAP_SYS_ADMIN (an unprivileged server's, the launcher's
-    child) can join the domain: not where ``bwrap`` (the trusted one if None) is setuid."""
-    return scopes_sockets() and not _setuid(bwrap or _trusted_bwrap())
-
-
 def confine_thread(bwrap: str | None = None) -> bool:
     """Put the calling thread, and everything it starts from now on, in a domain that reaches
     only its own abstract unix sockets; whether it now is (see the module for when not).
@@ -77,7 +71,7 @@ def confine_thread(bwrap: str | None = None) -> bool:
     if not scopes_sockets():
         return False
     if not raw_syscalls.has_effective(CAP_SYS_ADMIN):
-        if _setuid(bwrap or _trusted_bwrap()):
+        if bwrap_setuid(bwrap):
             return False
         raw_syscalls.call("prctl", PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     ruleset = _Ruleset(0, 0, SCOPE_ABSTRACT_UNIX_SOCKET)
@@ -92,13 +86,11 @@ def confine_thread(bwrap: str | None = None) -> bool:
 
 
 @functools.cache
-def _trusted_bwrap() -> str:
-    return shutil.which("bwrap", path=TRUSTED_BIN_PATH) or "/usr/bin/bwrap"
-
-
-@functools.cache
-def _setuid(program: str) -> bool:
+def bwrap_setuid(bwrap: str | None = None) -> bool:
+    """Whether ``bwrap`` (the one the target finds, if None) is setuid, or cannot be told:
+    then a thread without CAP_SYS_ADMIN gives it no domain (no_new_privs would cost its bit)."""
+    program = bwrap or shutil.which("bwrap", path=PROGRAM_PATH)
     try:
-        return bool(os.stat(program).st_mode & stat.S_ISUID)
+        return program is None or bool(os.stat(program).st_mode & stat.S_ISUID)
     except OSError:
-        return True  # unknown: as if it needed its bit
+        return True

@@ -122,7 +122,7 @@ SHORT_OF = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 ACCEPT_RETRY_S = 0.1
 """How long the listener waits before it tries to accept again after such a failure."""
 MAX_TARGET_FD = 1 << 16
-EXEC_ENV = {"PATH": "/usr/bin:/bin:/usr/local/bin"}
+EXEC_ENV = {"PATH": trust.PROGRAM_PATH}
 """All the environment a launched program gets; the turn's own goes through bubblewrap."""
 TURN_UMASK = 0o022
 HELPER_TIMEOUT_S = 30.0

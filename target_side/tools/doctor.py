@@ -519,7 +519,7 @@ def abstract_sockets(settings: Settings, abi: int | None = None) -> Finding:
     """Whether a turn with the host's network reaches the host's abstract unix sockets
     (``fence.landlock``; ``abi``: the kernel's Landlock ABI, asked if None)."""
     abi = landlock.abi() if abi is None else abi
-    setuid = not landlock.confines_without_privilege() and os.getuid() != 0
+    setuid = os.getuid() != 0 and landlock.bwrap_setuid()
     if abi >= landlock.SCOPED_ABI and not setuid:
         return Finding(
             "abstract-sockets",
