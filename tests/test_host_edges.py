@@ -604,6 +604,21 @@ def test_vsock_stays_for_a_role_with_network(edges: Target) -> None:
     assert output(evs) != "97\n"
 
 
+PACKET = (
+    "import socket\n"
+    "try:\n    socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM); print('open')\n"
+    "except OSError as e:\n    print(e.errno)\n"
+)
+
+
+def test_a_network_turn_keeps_to_the_fences_socket_families(edges: Target) -> None:
+    """With the host's network the filter differs (vsock stays), but no other family does:
+    unfiltered, the kernel looks AF_PACKET up and answers EPERM (no CAP_NET_RAW)."""
+    with edges.client(OTHER_TOKEN) as c:
+        turn, evs = run(c, ["python3", "-c", PACKET], role="other", network="host")
+    assert (turn.exit_code, output(evs)) == (0, "97\n")  # EAFNOSUPPORT
+
+
 def test_network_turn_reaches_no_abstract_socket_of_the_host(edges: Target) -> None:
     """A turn with the host's network shares its network namespace, and with it every
     abstract unix socket listening there (a D-Bus bus, an X server, a container runtime's

@@ -10,6 +10,8 @@ import httpx
 import pytest
 import trustme
 from conftest import output, run, running_target
+from hypothesis import given
+from hypothesis import strategies as st
 
 from shared.walk import canonical_path
 from target_side.fence import syscall_filter
@@ -56,10 +58,101 @@ print(json.dumps(found))
 """
 
 
-def _probe(client: httpx.Client) -> dict[str, object]:
-    turn, evs = run(client, ["python3", "-c", PROBE])
+def _probe(client: httpx.Client, probe: str = PROBE) -> dict[str, object]:
+    turn, evs = run(client, ["python3", "-c", probe])
     assert turn.exit_code == 0, output(evs, "stderr")
     return json.loads(output(evs))
+
+
+SOCKETS = r"""
+import ctypes, errno, fcntl, json, os, struct
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+pair = (ctypes.c_int * 2)()
+
+def call(nr, *args):
+    ctypes.set_errno(0)
+    result = libc.syscall(ctypes.c_long(nr), *(ctypes.c_long(a) for a in args))
+    return errno.errorcode[ctypes.get_errno()] if result == -1 else "ok"
+
+def tiocsetd():
+    master, follower = os.openpty()
+    try:
+        fcntl.ioctl(follower, 0x5423, struct.pack("i", 0))  # N_TTY, the discipline it has
+        return "ok"
+    except OSError as exc:
+        return errno.errorcode[exc.errno]
+
+print(json.dumps({
+    "unix": call(41, 1, 1, 0),
+    "inet": call(41, 2, 1, 0),
+    "inet6": call(41, 10, 2, 0),
+    "netlink_route": call(41, 16, 3, 0),
+    "unix_pair": call(53, 1, 1, 0, ctypes.addressof(pair)),
+    "packet": call(41, 17, 2, 0),
+    "xdp": call(41, 44, 3, 0),
+    "packet_pair": call(53, 17, 2, 0, ctypes.addressof(pair)),
+    "inet_pair": call(53, 2, 1, 0, ctypes.addressof(pair)),
+    "inet_high_bits": call(41, 2 | (1 << 32), 1, 0),
+    "inet_raw": call(41, 2, 3, 255),
+    "inet6_raw": call(41, 10, 3, 255),
+    "netlink_netfilter": call(41, 16, 3, 12),
+    "netlink_xfrm": call(41, 16, 3, 6),
+    "tiocsetd": tiocsetd(),
+}))
+"""
+
+I386_GETPID = r"""
+import ctypes, mmap, struct, threading
+# getpid on the 32-bit ABI, from this 64-bit process: int 0x80, from code below 4 GiB, made
+# by a thread of its own (the filter must end the whole process, not the thread alone).
+page = mmap.mmap(-1, 4096, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x40,
+                 prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+page.write(b"\x53\xb8" + struct.pack("<i", 20) + b"\xcd\x80\x5b\x48\x63\xc0\xc3")
+getpid = ctypes.CFUNCTYPE(ctypes.c_long)(ctypes.addressof(ctypes.c_char.from_buffer(page)))
+caller = threading.Thread(target=lambda: print(getpid(), flush=True))
+caller.start()
+caller.join()
+print("still here")
+"""
+
+
+def test_filter_refuses_socket_families_the_fence_does_not_keep(client: httpx.Client) -> None:
+    """The kernel looks a socket's family up (and loads its module, on a kernel that has one
+    to load) before it checks any permission: unfiltered, AF_PACKET and AF_XDP answer EPERM
+    here, their lookup done, and a pair of IPv4 sockets EOPNOTSUPP. The filter answers before
+    the kernel looks: EAFNOSUPPORT."""
+    found = _probe(client, SOCKETS)
+    for kept in ("unix", "inet", "inet6", "netlink_route", "unix_pair"):
+        assert found[kept] == "ok", (kept, found[kept])
+    for refused in ("packet", "xdp", "packet_pair", "inet_pair"):
+        assert found[refused] == "EAFNOSUPPORT", (refused, found[refused])
+    # The kernel would cut the family to 32 bits (AF_INET, and a socket); compared on 64.
+    assert found["inet_high_bits"] == "EAFNOSUPPORT"
+
+
+def test_filter_refuses_protocols_the_fence_does_not_keep(client: httpx.Client) -> None:
+    """Within a kept family, a protocol the kernel lacks is a module it loads (SCTP, DCCP,
+    L2TP, nfnetlink). Unfiltered, a raw IPv4 socket answers EPERM and netfilter's and xfrm's
+    netlink sockets open; the filter answers EPROTONOSUPPORT first."""
+    found = _probe(client, SOCKETS)
+    for refused in ("inet_raw", "inet6_raw", "netlink_netfilter", "netlink_xfrm"):
+        assert found[refused] == "EPROTONOSUPPORT", (refused, found[refused])
+
+
+def test_filter_refuses_changing_a_terminals_line_discipline(client: httpx.Client) -> None:
+    # Unfiltered, setting the discipline a terminal already has succeeds.
+    assert _probe(client, SOCKETS)["tiocsetd"] == "EPERM"
+
+
+def test_filter_ends_a_process_at_its_first_32_bit_call(client: httpx.Client) -> None:
+    """A 64-bit program can make 32-bit system calls (``int 0x80``), numbered differently: an
+    ABI without the rules would be a way round all of them, and ``socketcall`` hides a
+    socket's family in memory. The filter holds the machine's own ABI only; unfiltered, this
+    ``getpid`` answers."""
+    turn, evs = run(client, ["python3", "-c", I386_GETPID])
+    assert (turn.exit_code, turn.signal) == (128 + 31, 31), output(evs, "stderr")  # SIGSYS
+    assert output(evs) == ""
 
 
 def test_filter_answers_terminal_injection_with_eperm(client: httpx.Client) -> None:
@@ -119,3 +212,15 @@ def test_missing_filter_is_reported_by_health_and_turns_still_run(
     assert "seccomp" in causes.get("backend", "")
     turn, evs = run(unfiltered_target, ["echo", "still runs"])
     assert (turn.exit_code, output(evs)) == (0, "still runs\n")
+
+
+@given(st.frozensets(st.integers(min_value=0, max_value=300), min_size=1))
+def test_aligned_runs_cover_exactly_what_is_not_kept(kept: frozenset[int]) -> None:
+    """The refused values below the largest kept one, as the filter's masked comparisons
+    match them: every value not kept in exactly one run, no kept value in any."""
+    matched: list[int] = []
+    for mask, first in syscall_filter.aligned_runs(kept):
+        size = (~mask & syscall_filter.ARGUMENT_BITS) + 1
+        assert first % size == 0 and first & ~mask == 0  # a run its mask matches whole
+        matched.extend(range(first, first + size))
+    assert sorted(matched) == [v for v in range(max(kept) + 1) if v not in kept]

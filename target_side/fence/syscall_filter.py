@@ -12,8 +12,29 @@ Everything is allowed except what lets a turn reach past its fence:
 - ``clone3``: ENOSYS, which glibc reads as "use clone" (EPERM would break
   every new thread); clone3's flags sit behind a pointer that no filter can
   inspect, so only ``clone`` is left, whose flags the kernel checks as usual.
-- ``socket(AF_VSOCK)`` for a turn without network: EAFNOSUPPORT. vsock is not
-  namespaced: on a virtual machine it reaches the hypervisor and its other guests.
+- Sockets of any family but unix, IPv4, IPv6 and netlink, and pairs of any
+  but unix (``socket``, ``socketpair``): EAFNOSUPPORT, as from a kernel
+  without the family. The
+  kernel looks a family up before it checks any permission, and loads the
+  module of one it lacks (``modprobe`` as root, for anyone): that is how
+  an unprivileged process brought in TIPC, RDS, DCCP or AF_ALG and the holes
+  in them, on machines that never used them. The same for the protocol
+  within a family: IPv4 and IPv6 keep their default, ICMP, TCP, UDP,
+  ICMPv6, UDP-Lite and MPTCP, netlink its route, socket-diagnostic, audit,
+  uevent and generic protocols; any other is EPROTONOSUPPORT (SCTP, DCCP,
+  L2TP, SMC, nfnetlink, xfrm and the rest were modules loaded on demand).
+  ``AF_VSOCK`` is kept for a turn with network only: vsock is not
+  namespaced, and on a virtual machine it reaches the hypervisor and its
+  other guests. Compared on all 64 bits, so a family or protocol with high
+  bits set (which the kernel would cut to 32) is refused too.
+- ``ioctl(TIOCSETD)``: EPERM. It changes a terminal's line discipline, and
+  the kernel loads the module of one it lacks for anyone (n_hdlc's hole came
+  that way); no program a turn runs needs another discipline.
+- Any system call of another ABI than the machine's own (on x86-64: the
+  32-bit one, which any program reaches through ``int 0x80``, and x32) ends
+  the process (SIGSYS). Each ABI numbers the calls its own way, so each would
+  need every rule again, and the 32-bit ``socketcall`` passes its arguments
+  in memory no filter can read. 32-bit programs do not run in a fence.
 - The kernel's keyrings (``keyctl add_key request_key``): ENOSYS, as on a kernel
   built without them. Keyrings belong to no namespace, and a session keyring is
   inherited through exec and a change of uid: a turn would possess the server's
@@ -36,8 +57,11 @@ import functools
 import importlib.machinery
 import importlib.util
 import os
+import socket
 import stat
+from collections.abc import Iterator
 from types import ModuleType
+from typing import Any
 
 from target_side.errors import FilterUnavailable
 
@@ -56,9 +80,23 @@ NEW_MOUNT_API = (
 KEYRINGS = ("keyctl", "add_key", "request_key")
 IO_URING = ("io_uring_setup", "io_uring_enter", "io_uring_register")
 ENOSYS_CALLS = (*NEW_MOUNT_API, "clone3", *KEYRINGS, *IO_URING)
+TIOCSETD = 0x5423
+REFUSED_IOCTLS = (TIOCSTI, TIOCLINUX, TIOCSETD)
 AF_VSOCK = 40
-FOREIGN_ARCHES = ("X86", "X32")
-"""Other ABIs an x86-64 kernel runs: each gets the same rules (an unfiltered ABI is a way round)."""
+ARGUMENT_BITS = (1 << 64) - 1
+KEPT_FAMILIES = (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK)
+"""The socket families every fence keeps (``AF_VSOCK`` too for a turn with network)."""
+KEPT_INET_PROTOCOLS = (0, 1, 6, 17, 58, 136, 262)
+"""IPv4's and IPv6's: the type's default, ICMP, TCP, UDP, ICMPv6, UDP-Lite, MPTCP."""
+KEPT_NETLINK_PROTOCOLS = (0, 4, 9, 15, 16)
+"""Netlink's: route, socket diagnostics, audit, kernel uevents, generic."""
+FAMILY_IS_INET = (ARGUMENT_BITS & ~(socket.AF_INET ^ socket.AF_INET6), socket.AF_INET)
+"""(mask, value) matching IPv4 and IPv6 alike (2 and 10 differ in one bit): one set of rules."""
+KEPT_PROTOCOLS = (
+    (FAMILY_IS_INET, KEPT_INET_PROTOCOLS),
+    ((ARGUMENT_BITS, socket.AF_NETLINK), KEPT_NETLINK_PROTOCOLS),
+)
+"""The protocols kept within a family (``socket``'s third argument), by family."""
 
 
 @functools.cache
@@ -99,20 +137,63 @@ def filter_program(network: bool = False) -> bytes:
     """The compiled BPF program (cached: one for turns with network, one for those without)."""
     sc = _binding()
     rules = sc.SyscallFilter(defaction=sc.ALLOW)
-    if sc.system_arch() == sc.Arch.X86_64:
-        for name in FOREIGN_ARCHES:
-            rules.add_arch(getattr(sc.Arch, name))
+    # The machine's own ABI is the only one the filter holds: a call of any other ends the
+    # whole process (libseccomp's default ends only the thread that made it).
+    rules.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
     for name in ENOSYS_CALLS:
         rules.add_rule(sc.ERRNO(errno.ENOSYS), name)
-    for request in (TIOCSTI, TIOCLINUX):
+    for request in REFUSED_IOCTLS:
         rules.add_rule(sc.ERRNO(errno.EPERM), "ioctl", sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, request))
-    if not network:
-        rules.add_rule(sc.ERRNO(errno.EAFNOSUPPORT), "socket", sc.Arg(0, sc.EQ, AF_VSOCK))
+    families = (*KEPT_FAMILIES, AF_VSOCK) if network else KEPT_FAMILIES
+    _refuse_all_but(sc, rules, "socket", errno.EAFNOSUPPORT, 0, families)
+    for (mask, family), protocols in KEPT_PROTOCOLS:
+        family_is = sc.Arg(0, sc.MASKED_EQ, mask, family)
+        _refuse_all_but(sc, rules, "socket", errno.EPROTONOSUPPORT, 2, protocols, family_is)
+    # Only unix sockets come in pairs; any other family would fail too, but after its lookup.
+    _refuse_all_but(sc, rules, "socketpair", errno.EAFNOSUPPORT, 0, (socket.AF_UNIX,))
     fd = os.memfd_create("paddock-seccomp-build", os.MFD_CLOEXEC)
     with open(fd, "w+b") as sink:
         rules.export_bpf(sink)
         sink.seek(0)
         return sink.read()
+
+
+def _refuse_all_but(
+    sc: ModuleType,
+    rules: Any,
+    call: str,
+    code: int,
+    arg: int,
+    kept: tuple[int, ...],
+    *given: Any,
+) -> None:
+    """Refuse ``call`` with ``code`` where argument ``arg`` is none of ``kept`` (and ``given``)."""
+    action = sc.ERRNO(code)
+    for mask, first in aligned_runs(frozenset(kept)):
+        rules.add_rule(action, call, *given, sc.Arg(arg, sc.MASKED_EQ, mask, first))
+    rules.add_rule(action, call, *given, sc.Arg(arg, sc.GE, max(kept) + 1))
+
+
+def aligned_runs(kept: frozenset[int]) -> Iterator[tuple[int, int]]:
+    """Every value from 0 to the largest of ``kept`` that is not in it, as (mask, first) pairs,
+    each a run of a power of two starting at a multiple of its length.
+
+    libseccomp compares an argument once per rule, so a range is as many
+    rules as it has runs: ``value & mask == first`` matches a run whole.
+    """
+    top = max(kept) + 1
+    first = 0
+    while first < top:
+        if first in kept:
+            first += 1
+            continue
+        size = 1
+        while first % (2 * size) == 0 and first + 2 * size <= top:
+            if any(value in kept for value in range(first + size, first + 2 * size)):
+                break
+            size *= 2
+        yield ARGUMENT_BITS & ~(size - 1), first
+        first += size
 
 
 def unavailable_reason() -> str | None:

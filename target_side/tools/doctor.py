@@ -502,9 +502,9 @@ def _seccomp() -> Finding:
         return Finding(
             "seccomp",
             "ok",
-            "every fence gets the system-call filter (TIOCSTI, "
-            "TIOCLINUX, the new mount API, clone3, io_uring and the kernel's keyrings are "
-            "refused)",
+            "every fence gets the system-call filter (TIOCSTI, TIOCLINUX, TIOCSETD, the new "
+            "mount API, clone3, io_uring, the kernel's keyrings, socket families and protocols "
+            "a fence does not keep, and 32-bit system calls are refused)",
         )
     return Finding(
         "seccomp",
