@@ -308,6 +308,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_seccomp.py -k 32_bit",),
     ),
     Mutation(
+        "sigsys-left-unexplained",
+        "target_side/fence/runner.py",
+        '            self._emit("notice", message=FOREIGN_ABI_NOTICE)\n',
+        "            pass\n",
+        ("tests/test_seccomp.py -k 32_bit",),
+    ),
+    Mutation(
         "aligned-run-grows-over-a-kept-value",
         "target_side/fence/syscall_filter.py",
         "            if any(value in kept for value in range(first + size, first + 2 * size)):\n                break\n",

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from shared.walk import canonical_path
 from target_side.fence import syscall_filter
+from target_side.fence.runner import FOREIGN_ABI_NOTICE
 
 PROBE = r"""
 import ctypes, errno, json, os, threading
@@ -153,6 +154,8 @@ def test_filter_ends_a_process_at_its_first_32_bit_call(client: httpx.Client) ->
     turn, evs = run(client, ["python3", "-c", I386_GETPID])
     assert (turn.exit_code, turn.signal) == (128 + 31, 31), output(evs, "stderr")  # SIGSYS
     assert output(evs) == ""
+    notices = [e.message for e in evs if e.kind == "notice"]
+    assert notices == [FOREIGN_ABI_NOTICE]
 
 
 def test_filter_answers_terminal_injection_with_eperm(client: httpx.Client) -> None:

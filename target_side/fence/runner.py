@@ -59,6 +59,13 @@ Emit = Callable[..., object]
 """``emit(kind, **fields)``: append one event to the turn's spool; ``StorageError`` if it cannot."""
 
 
+FOREIGN_ABI_NOTICE = (
+    "the turn was killed by SIGSYS, which the fence's system-call filter sends a process at its "
+    "first system call of another ABI than the machine's own (a 32-bit program, or int 0x80): "
+    "a fence runs the machine's own programs only"
+)
+
+
 @dataclass
 class Outcome:
     """How a turn ended."""
@@ -211,6 +218,8 @@ class RunningTurn:
             self._proc.release()
             usage = self._read_usage()
         outcome = self._outcome(self._proc.returncode or 0)
+        if outcome.signal == signal.SIGSYS:
+            self._emit("notice", message=FOREIGN_ABI_NOTICE)
         outcome.cpu_s, outcome.max_rss_kb = usage.cpu_s, usage.max_rss_kb
         outcome.clean = self._proc.clean
         return outcome
