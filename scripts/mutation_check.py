@@ -212,8 +212,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "keyrings-reachable-from-a-fence",
         "target_side/fence/syscall_filter.py",
-        'ENOSYS_CALLS = (*NEW_MOUNT_API, "clone3", *KEYRINGS, *IO_URING)\n',
-        'ENOSYS_CALLS = (*NEW_MOUNT_API, "clone3", *IO_URING)\n',
+        '"clone3", *KEYRINGS, *IO_URING, *KERNEL_ATTACK_SURFACE)\n',
+        '"clone3", *IO_URING, *KERNEL_ATTACK_SURFACE)\n',
         ("tests/test_host_edges.py -k keyrings",),
     ),
     Mutation(
@@ -240,8 +240,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "io-uring-open-in-a-fence",
         "target_side/fence/syscall_filter.py",
-        'ENOSYS_CALLS = (*NEW_MOUNT_API, "clone3", *KEYRINGS, *IO_URING)\n',
-        'ENOSYS_CALLS = (*NEW_MOUNT_API, "clone3", *KEYRINGS)\n',
+        '"clone3", *KEYRINGS, *IO_URING, *KERNEL_ATTACK_SURFACE)\n',
+        '"clone3", *KEYRINGS, *KERNEL_ATTACK_SURFACE)\n',
         ("tests/test_seccomp.py -k io_uring",),
     ),
     Mutation(
@@ -320,6 +320,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         "            if any(value in kept for value in range(first + size, first + 2 * size)):\n                break\n",
         "",
         ("tests/test_seccomp.py -k aligned",),
+    ),
+    Mutation(
+        "bpf-perf-and-userfaultfd-open-in-a-fence",
+        "target_side/fence/syscall_filter.py",
+        "*IO_URING, *KERNEL_ATTACK_SURFACE)\n",
+        "*IO_URING)\n",
+        ("tests/test_seccomp.py -k bpf",),
     ),
     Mutation(
         "embedded-target-hands-on-its-hosts-mask",

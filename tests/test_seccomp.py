@@ -18,12 +18,18 @@ from target_side.fence import syscall_filter
 from target_side.fence.runner import FOREIGN_ABI_NOTICE
 
 PROBE = r"""
-import ctypes, errno, json, os, threading
+import ctypes, errno, json, os, struct, threading
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 byte = ctypes.create_string_buffer(b"x")
 name = ctypes.create_string_buffer(b"tmpfs")
 params = ctypes.create_string_buffer(120)
+# perf_event_attr: a software clock counting this process in user space only (size 128,
+# exclude_kernel and exclude_hv), and bpf's map_create: an array of one 4-byte value.
+attr = ctypes.create_string_buffer(
+    struct.pack("<IIQQQQQ", 1, 128, 0, 0, 0, 0, 0b1100000) + bytes(80)
+)
+ctypes.memmove(params, struct.pack("<IIII", 2, 4, 4, 1), 16)
 
 def call(nr, *args):
     ctypes.set_errno(0)
@@ -46,6 +52,9 @@ found = {
     "io_uring_setup": call(425, 8, ctypes.addressof(params)),
     "io_uring_enter": call(426, -1, 0, 0, 0, 0, 0),
     "io_uring_register": call(427, -1, 0, 0, 0),
+    "bpf": call(321, 0, ctypes.addressof(params), 72),
+    "perf_event_open": call(298, ctypes.addressof(attr), 0, -1, -1, 0),
+    "userfaultfd": call(323, 1),
 }
 seen = []
 thread = threading.Thread(target=seen.append, args=("thread",))
@@ -179,6 +188,16 @@ def test_filter_answers_io_uring_with_enosys(client: httpx.Client) -> None:
     the filter this kernel sets up a ring (and answers EBADF to a ring that is not one)."""
     found = _probe(client)
     for call in syscall_filter.IO_URING:
+        assert found[call] == "ENOSYS", (call, found[call])
+
+
+def test_filter_answers_bpf_perf_and_userfaultfd_with_enosys(client: httpx.Client) -> None:
+    """Kernel facilities whose own bugs were ways to root, offered to unprivileged processes
+    or not by settings each host has its own way. Unfiltered on this machine, as a user
+    without privileges: the counter and the user-mode fault handler are made, and bpf answers
+    EPERM (``kernel.unprivileged_bpf_disabled``); never ENOSYS."""
+    found = _probe(client)
+    for call in syscall_filter.KERNEL_ATTACK_SURFACE:
         assert found[call] == "ENOSYS", (call, found[call])
 
 

@@ -35,6 +35,13 @@ Everything is allowed except what lets a turn reach past its fence:
   the process (SIGSYS). Each ABI numbers the calls its own way, so each would
   need every rule again, and the 32-bit ``socketcall`` passes its arguments
   in memory no filter can read. 32-bit programs do not run in a fence.
+- ``bpf``, ``perf_event_open`` and ``userfaultfd``: ENOSYS, as on a kernel
+  built without them. No command a turn runs needs them, their own bugs were
+  ways to root again and again, and whether the kernel offers them to an
+  unprivileged process is a setting each host has its own way
+  (``kernel.unprivileged_bpf_disabled``, ``kernel.perf_event_paranoid``,
+  ``vm.unprivileged_userfaultfd``, which held a kernel access still for as
+  long as a race needed). Docker's default profile refuses them too.
 - The kernel's keyrings (``keyctl add_key request_key``): ENOSYS, as on a kernel
   built without them. Keyrings belong to no namespace, and a session keyring is
   inherited through exec and a change of uid: a turn would possess the server's
@@ -79,7 +86,8 @@ NEW_MOUNT_API = (
 )
 KEYRINGS = ("keyctl", "add_key", "request_key")
 IO_URING = ("io_uring_setup", "io_uring_enter", "io_uring_register")
-ENOSYS_CALLS = (*NEW_MOUNT_API, "clone3", *KEYRINGS, *IO_URING)
+KERNEL_ATTACK_SURFACE = ("bpf", "perf_event_open", "userfaultfd")
+ENOSYS_CALLS = (*NEW_MOUNT_API, "clone3", *KEYRINGS, *IO_URING, *KERNEL_ATTACK_SURFACE)
 TIOCSETD = 0x5423
 REFUSED_IOCTLS = (TIOCSTI, TIOCLINUX, TIOCSETD)
 AF_VSOCK = 40
