@@ -14,19 +14,19 @@ Everything is allowed except what lets a turn reach past its fence:
   inspect, so only ``clone`` is left, whose flags the kernel checks as usual.
 - Sockets of any family but unix, IPv4, IPv6 and netlink, and pairs of any
   but unix (``socket``, ``socketpair``): EAFNOSUPPORT, as from a kernel
-  without the family. The
-  kernel looks a family up before it checks any permission, and loads the
-  module of one it lacks (``modprobe`` as root, for anyone): that is how
-  an unprivileged process brought in TIPC, RDS, DCCP or AF_ALG and the holes
-  in them, on machines that never used them. The same for the protocol
-  within a family: IPv4 and IPv6 keep their default, ICMP, TCP, UDP,
-  ICMPv6, UDP-Lite and MPTCP, netlink its route, socket-diagnostic, audit,
-  uevent and generic protocols; any other is EPROTONOSUPPORT (SCTP, DCCP,
-  L2TP, SMC, nfnetlink, xfrm and the rest were modules loaded on demand).
-  ``AF_VSOCK`` is kept for a turn with network only: vsock is not
-  namespaced, and on a virtual machine it reaches the hypervisor and its
-  other guests. Compared on all 64 bits, so a family or protocol with high
-  bits set (which the kernel would cut to 32) is refused too.
+  without the family. The kernel looks a family up before it checks any
+  permission, and loads the module of one it lacks (``modprobe`` as root,
+  for anyone): that is how unprivileged processes brought in TIPC, RDS,
+  DCCP or AF_ALG, and the holes in them, on machines that never used them.
+  The same for the protocol within a family: IPv4 and IPv6 keep their
+  default, ICMP, TCP, UDP, ICMPv6, UDP-Lite and MPTCP, netlink its route,
+  socket-diagnostic, audit, uevent and generic protocols; any other is
+  EPROTONOSUPPORT (SCTP, DCCP, L2TP, SMC, nfnetlink, xfrm and the rest were
+  modules loaded on demand). ``AF_VSOCK`` is kept for a turn with network
+  only: vsock is not namespaced, and on a virtual machine it reaches the
+  hypervisor and its other guests. Compared on all 64 bits, so a family or
+  protocol with high bits set (which the kernel would cut to 32) is
+  refused too.
 - ``ioctl(TIOCSETD)``: EPERM. It changes a terminal's line discipline, and
   the kernel loads the module of one it lacks for anyone (n_hdlc's hole came
   that way); no program a turn runs needs another discipline.
@@ -36,8 +36,9 @@ Everything is allowed except what lets a turn reach past its fence:
   need every rule again, and the 32-bit ``socketcall`` passes its arguments
   in memory no filter can read. 32-bit programs do not run in a fence.
 - ``bpf``, ``perf_event_open`` and ``userfaultfd``: ENOSYS, as on a kernel
-  built without them. No command a turn runs needs them, their own bugs were
-  ways to root again and again, and whether the kernel offers them to an
+  built without them. Few programs use them (a profiler, a checkpointer: they
+  then say the kernel lacks them), their own bugs were ways to root again
+  and again, and whether the kernel offers them to an
   unprivileged process is a setting each host has its own way
   (``kernel.unprivileged_bpf_disabled``, ``kernel.perf_event_paranoid``,
   ``vm.unprivileged_userfaultfd``, which held a kernel access still for as
