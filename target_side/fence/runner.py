@@ -60,10 +60,11 @@ Emit = Callable[..., object]
 
 
 FOREIGN_ABI_NOTICE = (
-    "the turn was killed by SIGSYS, which the fence's system-call filter sends a process at its "
-    "first system call of another ABI than the machine's own (a 32-bit program, or int 0x80): "
-    "a fence runs the machine's own programs only"
+    "the turn ended by SIGSYS, the signal the fence's system-call filter ends a process with at "
+    "its first system call of another ABI than the machine's own (a 32-bit program, or int "
+    "0x80): a fence runs the machine's own programs only"
 )
+"""Said, not concluded: a turn may send itself SIGSYS too."""
 
 
 @dataclass
