@@ -212,8 +212,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "keyrings-reachable-from-a-fence",
         "target_side/fence/syscall_filter.py",
-        '"clone3", *KEYRINGS, *IO_URING, *KERNEL_ATTACK_SURFACE)\n',
-        '"clone3", *IO_URING, *KERNEL_ATTACK_SURFACE)\n',
+        "    *KEYRINGS,\n    *IO_URING,\n",
+        "    *IO_URING,\n",
         ("tests/test_host_edges.py -k keyrings",),
     ),
     Mutation(
@@ -240,8 +240,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "io-uring-open-in-a-fence",
         "target_side/fence/syscall_filter.py",
-        '"clone3", *KEYRINGS, *IO_URING, *KERNEL_ATTACK_SURFACE)\n',
-        '"clone3", *KEYRINGS, *KERNEL_ATTACK_SURFACE)\n',
+        "    *IO_URING,\n    *KERNEL_ATTACK_SURFACE,\n",
+        "    *KERNEL_ATTACK_SURFACE,\n",
         ("tests/test_seccomp.py -k io_uring",),
     ),
     Mutation(
@@ -324,9 +324,16 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "bpf-perf-and-userfaultfd-open-in-a-fence",
         "target_side/fence/syscall_filter.py",
-        "*IO_URING, *KERNEL_ATTACK_SURFACE)\n",
-        "*IO_URING)\n",
+        "    *KERNEL_ATTACK_SURFACE,\n    *KERNEL_LOG,\n",
+        "    *KERNEL_LOG,\n",
         ("tests/test_seccomp.py -k bpf",),
+    ),
+    Mutation(
+        "kernel-log-readable-from-a-fence",
+        "target_side/fence/syscall_filter.py",
+        "    *KERNEL_LOG,\n)\n",
+        ")\n",
+        ("tests/test_seccomp.py -k kernels_log",),
     ),
     Mutation(
         "embedded-target-hands-on-its-hosts-mask",

@@ -55,6 +55,7 @@ found = {
     "bpf": call(321, 0, ctypes.addressof(params), 72),
     "perf_event_open": call(298, ctypes.addressof(attr), 0, -1, -1, 0),
     "userfaultfd": call(323, 1),
+    "syslog": call(103, 10, 0, 0),
 }
 seen = []
 thread = threading.Thread(target=seen.append, args=("thread",))
@@ -199,6 +200,13 @@ def test_filter_answers_bpf_perf_and_userfaultfd_with_enosys(client: httpx.Clien
     found = _probe(client)
     for call in syscall_filter.KERNEL_ATTACK_SURFACE:
         assert found[call] == "ENOSYS", (call, found[call])
+
+
+def test_filter_answers_reading_the_kernels_log_with_enosys(client: httpx.Client) -> None:
+    """The kernel's log is the host's (other processes' crashes, the firewall's lines), kept
+    from unprivileged readers only where ``kernel.dmesg_restrict`` is set. Unfiltered: EPERM
+    here (it is set), the buffer's size where it is not; never ENOSYS."""
+    assert _probe(client)["syslog"] == "ENOSYS"
 
 
 def test_threads_and_fork_still_work_under_the_filter(client: httpx.Client) -> None:

@@ -43,6 +43,10 @@ Everything is allowed except what lets a turn reach past its fence:
   (``kernel.unprivileged_bpf_disabled``, ``kernel.perf_event_paranoid``,
   ``vm.unprivileged_userfaultfd``, which held a kernel access still for as
   long as a race needed). Docker's default profile refuses them too.
+- ``syslog`` (the kernel's log, which ``dmesg`` reads): ENOSYS. The log is the
+  host's, no namespace's: other processes' crashes with their addresses, the
+  firewall's lines, the machine's devices. ``kernel.dmesg_restrict`` keeps it
+  from unprivileged readers on some hosts and not on others.
 - The kernel's keyrings (``keyctl add_key request_key``): ENOSYS, as on a kernel
   built without them. Keyrings belong to no namespace, and a session keyring is
   inherited through exec and a change of uid: a turn would possess the server's
@@ -88,7 +92,15 @@ NEW_MOUNT_API = (
 KEYRINGS = ("keyctl", "add_key", "request_key")
 IO_URING = ("io_uring_setup", "io_uring_enter", "io_uring_register")
 KERNEL_ATTACK_SURFACE = ("bpf", "perf_event_open", "userfaultfd")
-ENOSYS_CALLS = (*NEW_MOUNT_API, "clone3", *KEYRINGS, *IO_URING, *KERNEL_ATTACK_SURFACE)
+KERNEL_LOG = ("syslog",)
+ENOSYS_CALLS = (
+    *NEW_MOUNT_API,
+    "clone3",
+    *KEYRINGS,
+    *IO_URING,
+    *KERNEL_ATTACK_SURFACE,
+    *KERNEL_LOG,
+)
 TIOCSETD = 0x5423
 REFUSED_IOCTLS = (TIOCSTI, TIOCLINUX, TIOCSETD)
 AF_VSOCK = 40

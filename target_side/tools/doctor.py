@@ -503,9 +503,9 @@ def _seccomp() -> Finding:
             "seccomp",
             "ok",
             "every fence gets the system-call filter (TIOCSTI, TIOCLINUX, TIOCSETD, the new "
-            "mount API, clone3, io_uring, the kernel's keyrings, bpf, perf events, userfaultfd, "
-            "socket families and protocols a fence does not keep, and 32-bit system calls "
-            "are refused)",
+            "mount API, clone3, io_uring, the kernel's keyrings and log, bpf, perf events, "
+            "userfaultfd, the socket families and protocols a fence does not keep, and "
+            "32-bit system calls are refused)",
         )
     return Finding(
         "seccomp",
