@@ -585,11 +585,17 @@ def test_overlapping_workspaces_of_two_roles_are_a_config_error() -> None:
 
 # --- 8. vsock ------------------------------------------------------------------------------
 
-VSOCK = (
-    "import socket\n"
-    "try:\n    socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM); print('open')\n"
-    "except OSError as e:\n    print(e.errno)\n"
-)
+
+def _opening(family: str, kind: str) -> str:
+    """A script printing ``open``, or the errno that opening a socket of ``family`` met."""
+    return (
+        "import socket\n"
+        f"try:\n    socket.socket(socket.{family}, socket.{kind}); print('open')\n"
+        "except OSError as e:\n    print(e.errno)\n"
+    )
+
+
+VSOCK = _opening("AF_VSOCK", "SOCK_STREAM")
 
 
 def test_vsock_is_filtered_without_network(c: httpx.Client) -> None:
@@ -604,18 +610,12 @@ def test_vsock_stays_for_a_role_with_network(edges: Target) -> None:
     assert output(evs) != "97\n"
 
 
-PACKET = (
-    "import socket\n"
-    "try:\n    socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM); print('open')\n"
-    "except OSError as e:\n    print(e.errno)\n"
-)
-
-
 def test_a_network_turn_keeps_to_the_fences_socket_families(edges: Target) -> None:
     """With the host's network the filter differs (vsock stays), but no other family does:
     unfiltered, the kernel looks AF_PACKET up and answers EPERM (no CAP_NET_RAW)."""
     with edges.client(OTHER_TOKEN) as c:
-        turn, evs = run(c, ["python3", "-c", PACKET], role="other", network="host")
+        packet = _opening("AF_PACKET", "SOCK_DGRAM")
+        turn, evs = run(c, ["python3", "-c", packet], role="other", network="host")
     assert (turn.exit_code, output(evs)) == (0, "97\n")  # EAFNOSUPPORT
 
 
