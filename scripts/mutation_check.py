@@ -336,6 +336,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_seccomp.py -k kernels_log",),
     ),
     Mutation(
+        "launched-turns-unfiltered",
+        "target_side/fence/launch.py",
+        "            seccomp = syscall_filter.filter_fd(network=plan.network)\n",
+        "            seccomp = None\n",
+        ("tests/test_launcher.py -k system_call_filter",),
+    ),
+    Mutation(
         "embedded-target-hands-on-its-hosts-mask",
         "target_side/service/server.py",
         "        signal.pthread_sigmask(signal.SIG_SETMASK, ())\n        self._server.run(",

@@ -368,6 +368,18 @@ def test_launcher_server_is_unprivileged_and_cannot_switch_uids_itself(host: Hos
     assert "CapEff:\t0000000000000000" in status
 
 
+def test_launcher_turn_gets_the_fences_system_call_filter(client: httpx.Client) -> None:
+    """The filter travels with the launch, a descriptor the launcher hands bubblewrap: a socket
+    family the fence does not keep is refused by it (EAFNOSUPPORT), not by the kernel, which
+    answers EPERM for want of CAP_NET_RAW."""
+    script = (
+        "import socket\ntry:\n    socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM)\n"
+        "except OSError as e:\n    print(e.errno)\n"
+    )
+    turn, evs = run(client, ["python3", "-c", script])
+    assert (turn.exit_code, output(evs)) == (0, "97\n")
+
+
 def test_launcher_turn_runs_as_the_roles_uid_with_no_other_group(
     host: Host, client: httpx.Client
 ) -> None:
