@@ -287,6 +287,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_seccomp.py -k protocols",),
     ),
     Mutation(
+        "generic-netlink-loads-modules-by-name",
+        "target_side/fence/syscall_filter.py",
+        "KEPT_NETLINK_PROTOCOLS = (0, 4, 9, 15)\n",
+        "KEPT_NETLINK_PROTOCOLS = (0, 4, 9, 15, 16)\n",
+        ("tests/test_seccomp.py -k protocols",),
+    ),
+    Mutation(
         "line-discipline-changeable-in-a-fence",
         "target_side/fence/syscall_filter.py",
         "REFUSED_IOCTLS = (TIOCSTI, TIOCLINUX, TIOCSETD)\n",

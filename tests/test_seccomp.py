@@ -109,6 +109,7 @@ print(json.dumps({
     "inet6_raw": call(41, 10, 3, 255),
     "netlink_netfilter": call(41, 16, 3, 12),
     "netlink_xfrm": call(41, 16, 3, 6),
+    "netlink_generic": call(41, 16, 3, 16),
     "tiocsetd": tiocsetd(),
 }))
 """
@@ -144,10 +145,12 @@ def test_filter_refuses_socket_families_the_fence_does_not_keep(client: httpx.Cl
 
 def test_filter_refuses_protocols_the_fence_does_not_keep(client: httpx.Client) -> None:
     """Within a kept family, a protocol the kernel lacks is a module it loads (SCTP, DCCP,
-    L2TP, nfnetlink). Unfiltered, a raw IPv4 socket answers EPERM and netfilter's and xfrm's
-    netlink sockets open; the filter answers EPROTONOSUPPORT first."""
+    L2TP, nfnetlink), and generic netlink loads the module of any family named to it. Unfiltered,
+    a raw IPv4 socket answers EPERM, and netfilter's, xfrm's and generic netlink sockets open;
+    the filter answers EPROTONOSUPPORT first."""
     found = _probe(client, SOCKETS)
-    for refused in ("inet_raw", "inet6_raw", "netlink_netfilter", "netlink_xfrm"):
+    refused_here = ("inet_raw", "inet6_raw", "netlink_netfilter", "netlink_xfrm", "netlink_generic")
+    for refused in refused_here:
         assert found[refused] == "EPROTONOSUPPORT", (refused, found[refused])
 
 

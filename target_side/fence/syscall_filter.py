@@ -16,17 +16,18 @@ Everything is allowed except what lets a turn reach past its fence:
   but unix (``socket``, ``socketpair``): EAFNOSUPPORT, as from a kernel
   without the family. The kernel looks a family up before it checks any
   permission, and loads the module of one it lacks (``modprobe`` as root,
-  for anyone): that is how unprivileged processes brought in TIPC, RDS,
-  DCCP or AF_ALG, and the holes in them, on machines that never used them.
-  The same for the protocol within a family: IPv4 and IPv6 keep their
-  default, ICMP, TCP, UDP, ICMPv6, UDP-Lite and MPTCP, netlink its route,
-  socket-diagnostic, audit, uevent and generic protocols; any other is
+  for anyone): that is how unprivileged processes brought in TIPC, RDS, DCCP
+  or AF_ALG, and the holes in them, on machines that never used them. The
+  same for the protocol within a family: IPv4 and IPv6 keep their default,
+  ICMP, TCP, UDP, ICMPv6, UDP-Lite and MPTCP, netlink its route,
+  socket-diagnostic, audit and uevent protocols; any other is
   EPROTONOSUPPORT (SCTP, DCCP, L2TP, SMC, nfnetlink, xfrm and the rest were
-  modules loaded on demand). ``AF_VSOCK`` is kept for a turn with network
-  only: vsock is not namespaced, and on a virtual machine it reaches the
-  hypervisor and its other guests. Compared on all 64 bits, so a family or
-  protocol with high bits set (which the kernel would cut to 32) is
-  refused too.
+  modules loaded on demand, and generic netlink loads the module of any
+  family a process names: TIPC, L2TP, WireGuard, Open vSwitch). ``AF_VSOCK``
+  is kept for a turn with network only: vsock is not namespaced, and on a
+  virtual machine it reaches the hypervisor and its other guests. Compared
+  on all 64 bits, so a family or protocol with high bits set (which the
+  kernel would cut to 32) is refused too.
 - ``ioctl(TIOCSETD)``: EPERM. It changes a terminal's line discipline, and
   the kernel loads the module of one it lacks for anyone (n_hdlc's hole came
   that way); no program a turn runs needs another discipline.
@@ -109,8 +110,9 @@ KEPT_FAMILIES = (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6, socket.AF_NETL
 """The socket families every fence keeps (``AF_VSOCK`` too for a turn with network)."""
 KEPT_INET_PROTOCOLS = (0, 1, 6, 17, 58, 136, 262)
 """IPv4's and IPv6's: the type's default, ICMP, TCP, UDP, ICMPv6, UDP-Lite, MPTCP."""
-KEPT_NETLINK_PROTOCOLS = (0, 4, 9, 15, 16)
-"""Netlink's: route, socket diagnostics, audit, kernel uevents, generic."""
+KEPT_NETLINK_PROTOCOLS = (0, 4, 9, 15)
+"""Netlink's: route, socket diagnostics, audit, kernel uevents. Not generic netlink (16): asked
+for a family it lacks by name, the kernel loads the module of that name for anyone."""
 FAMILY_IS_INET = (ARGUMENT_BITS & ~(socket.AF_INET ^ socket.AF_INET6), socket.AF_INET)
 """(mask, value) matching IPv4 and IPv6 alike (2 and 10 differ in one bit): one set of rules."""
 KEPT_PROTOCOLS = (
