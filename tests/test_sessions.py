@@ -25,6 +25,7 @@ from conftest import (
     wait_until,
 )
 from fastapi import FastAPI
+from process_support import parent_pid
 from test_durability import served
 
 from shared.walk import canonical_path
@@ -71,6 +72,21 @@ def session(client: httpx.Client) -> Iterator[Session]:
     assert opened.state == "open", opened.refusal and opened.refusal.detail
     yield opened
     client.delete(f"/v1/sessions/{opened.session_id}")
+
+
+def _ancestors(pid: int) -> list[int]:
+    """The processes above ``pid``, nearest first, short of the host's first."""
+    found = []
+    while (pid := parent_pid(pid)) > 1:
+        found.append(pid)
+    return found
+
+
+def _runs(marker: str, pid: int) -> bool:
+    try:
+        return marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def host_processes_with(marker: str) -> list[int]:
@@ -381,9 +397,11 @@ def test_session_shell_processes_are_the_roles_on_the_host(
     # The whole argument, ended: another test's "sleep 313.5" (another uid) must not match.
     turn = submit(client, argv=["sleep", "31.7"], session=session.session_id)
     assert wait_until(lambda: bool(host_processes_with("sleep\x0031.7\x00")))
-    for pid in host_processes_with("sleep\x0031.7\x00"):
+    sleeps = host_processes_with("sleep\x0031.7\x00")
+    for pid in sleeps:
         assert os.stat(f"/proc/{pid}").st_uid == uid
-    host = host_processes_with("session-host.py")
+    # This session's host is above its shell's sleep: other tests' sessions run meanwhile.
+    host = [pid for pid in _ancestors(sleeps[0]) if _runs("session-host.py", pid)]
     assert host, "the session host runs on the host as a process"
     assert all(os.stat(f"/proc/{pid}").st_uid == uid for pid in host)
     client.post(f"/v1/turns/{turn.turn_id}/signal", json={"signal": "KILL"})
