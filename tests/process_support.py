@@ -66,6 +66,15 @@ def abstract_listener() -> Iterator[str]:
         listener.close()
 
 
+def socket_opening(family: str, kind: str) -> str:
+    """A script printing ``open``, or the errno that opening a socket of ``family`` met."""
+    return (
+        "import socket\n"
+        f"try:\n    socket.socket(socket.{family}, socket.{kind}); print('open')\n"
+        "except OSError as e:\n    print(e.errno)\n"
+    )
+
+
 def signal_set(status: str, name: str = "SigIgn") -> set[int]:
     """The signals a ``/proc/PID/status`` text lists under ``name`` (``SigIgn``: ignored,
     ``SigCgt``: caught by a handler)."""

@@ -41,6 +41,7 @@ from process_support import (
     parent_pid,
     proc_status,
     signal_set,
+    socket_opening,
     write_config,
 )
 
@@ -586,16 +587,7 @@ def test_overlapping_workspaces_of_two_roles_are_a_config_error() -> None:
 # --- 8. vsock ------------------------------------------------------------------------------
 
 
-def _opening(family: str, kind: str) -> str:
-    """A script printing ``open``, or the errno that opening a socket of ``family`` met."""
-    return (
-        "import socket\n"
-        f"try:\n    socket.socket(socket.{family}, socket.{kind}); print('open')\n"
-        "except OSError as e:\n    print(e.errno)\n"
-    )
-
-
-VSOCK = _opening("AF_VSOCK", "SOCK_STREAM")
+VSOCK = socket_opening("AF_VSOCK", "SOCK_STREAM")
 
 
 def test_vsock_is_filtered_without_network(c: httpx.Client) -> None:
@@ -614,7 +606,7 @@ def test_a_network_turn_keeps_to_the_fences_socket_families(edges: Target) -> No
     """With the host's network the filter differs (vsock stays), but no other family does:
     unfiltered, the kernel looks AF_PACKET up and answers EPERM (no CAP_NET_RAW)."""
     with edges.client(OTHER_TOKEN) as c:
-        packet = _opening("AF_PACKET", "SOCK_DGRAM")
+        packet = socket_opening("AF_PACKET", "SOCK_DGRAM")
         turn, evs = run(c, ["python3", "-c", packet], role="other", network="host")
     assert (turn.exit_code, output(evs)) == (0, "97\n")  # EAFNOSUPPORT
 

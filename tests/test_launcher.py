@@ -49,7 +49,13 @@ from conftest import (
     submit,
     wait_until,
 )
-from process_support import ABSTRACT_CONNECT, abstract_listener, parent_pid, signal_set
+from process_support import (
+    ABSTRACT_CONNECT,
+    abstract_listener,
+    parent_pid,
+    signal_set,
+    socket_opening,
+)
 
 from target_side.config import RoleConfig, Settings, load_settings
 from target_side.errors import LauncherError
@@ -372,10 +378,7 @@ def test_launcher_turn_gets_the_fences_system_call_filter(client: httpx.Client) 
     """The filter travels with the launch, a descriptor the launcher hands bubblewrap: a socket
     family the fence does not keep is refused by it (EAFNOSUPPORT), not by the kernel, which
     answers EPERM for want of CAP_NET_RAW."""
-    script = (
-        "import socket\ntry:\n    socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM)\n"
-        "except OSError as e:\n    print(e.errno)\n"
-    )
+    script = socket_opening("AF_PACKET", "SOCK_DGRAM")
     turn, evs = run(client, ["python3", "-c", script])
     assert (turn.exit_code, output(evs)) == (0, "97\n")
 

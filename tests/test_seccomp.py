@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 
 from shared.walk import canonical_path
 from target_side.fence import syscall_filter
-from target_side.fence.runner import FOREIGN_ABI_NOTICE
 
 PROBE = r"""
 import ctypes, errno, json, os, struct, threading
@@ -168,7 +167,7 @@ def test_filter_ends_a_process_at_its_first_32_bit_call(client: httpx.Client) ->
     assert (turn.exit_code, turn.signal) == (128 + 31, 31), output(evs, "stderr")  # SIGSYS
     assert output(evs) == ""
     notices = [e.message for e in evs if e.kind == "notice"]
-    assert notices == [FOREIGN_ABI_NOTICE]
+    assert notices == [syscall_filter.FOREIGN_ABI_NOTICE]
 
 
 def test_filter_answers_terminal_injection_with_eperm(client: httpx.Client) -> None:

@@ -82,13 +82,6 @@ def _ancestors(pid: int) -> list[int]:
     return found
 
 
-def _runs(marker: str, pid: int) -> bool:
-    try:
-        return marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-
-
 def host_processes_with(marker: str) -> list[int]:
     """Host pids whose command line holds ``marker`` (and are not zombies)."""
     found = []
@@ -401,7 +394,8 @@ def test_session_shell_processes_are_the_roles_on_the_host(
     for pid in sleeps:
         assert os.stat(f"/proc/{pid}").st_uid == uid
     # This session's host is above its shell's sleep: other tests' sessions run meanwhile.
-    host = [pid for pid in _ancestors(sleeps[0]) if _runs("session-host.py", pid)]
+    hosts = set(host_processes_with("session-host.py"))
+    host = [pid for pid in _ancestors(sleeps[0]) if pid in hosts]
     assert host, "the session host runs on the host as a process"
     assert all(os.stat(f"/proc/{pid}").st_uid == uid for pid in host)
     client.post(f"/v1/turns/{turn.turn_id}/signal", json={"signal": "KILL"})

@@ -39,6 +39,7 @@ from target_side.fence import pipes
 from target_side.fence.gate import Gate, sandbox_of, status_record
 from target_side.fence.identity import FenceProcess
 from target_side.fence.limits import Usage
+from target_side.fence.syscall_filter import FOREIGN_ABI_NOTICE
 from target_side.policy import refusals
 
 log = logging.getLogger("paddock.target")
@@ -57,14 +58,6 @@ SIGNALS = {
 
 Emit = Callable[..., object]
 """``emit(kind, **fields)``: append one event to the turn's spool; ``StorageError`` if it cannot."""
-
-
-FOREIGN_ABI_NOTICE = (
-    "the turn ended by SIGSYS, the signal the fence's system-call filter ends a process with at "
-    "its first system call of another ABI than the machine's own (a 32-bit program, or int "
-    "0x80): a fence runs the machine's own programs only"
-)
-"""Said, not concluded: a turn may send itself SIGSYS too."""
 
 
 @dataclass

@@ -121,6 +121,13 @@ KEPT_PROTOCOLS = (
 )
 """The protocols kept within a family (``socket``'s third argument), by family."""
 
+FOREIGN_ABI_NOTICE = (
+    "the turn ended by SIGSYS, the signal the fence's system-call filter ends a process with at "
+    "its first system call of another ABI than the machine's own (a 32-bit program, or int "
+    "0x80): a fence runs the machine's own programs only"
+)
+"""Said, not concluded: a turn may send itself SIGSYS too."""
+
 
 @functools.cache
 def _binding() -> ModuleType:
