@@ -225,9 +225,10 @@ def _follow(args: argparse.Namespace, environ: Mapping[str, str], chosen: Chosen
     )
     sink.cursor = CursorStore.for_user(environ, client.base_url, name=chosen.name).open(turn_id)
     forwarder.attach(turn_id)
-    if chosen.request.stdin == "open":
-        StdinFeeder(client).start(turn_id)
-    with forwarder.installed(), sink:
+    feeder = StdinFeeder(client) if chosen.request.stdin == "open" else None
+    if feeder is not None:
+        feeder.start(turn_id)
+    with forwarder.installed(), sink, feeder or contextlib.nullcontext():
         finished = follow_turn(client, turn_id, sink.event)
     final = finished.turn
     if final.refusal is not None and not sink.refusal_shown:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -63,7 +64,7 @@ def run_turn(
         if feeder is not None:
             feeder.start(turn_id)
 
-    with forwarder.installed(), sink:
+    with forwarder.installed(), sink, feeder or contextlib.nullcontext():
         finished = drive(client, request, sink.event, on_submitted=submitted)
     final = finished.turn
     if final.refusal is not None and not sink.refusal_shown:
@@ -242,24 +243,67 @@ class SignalForwarder:
 
 
 class StdinFeeder:
-    """Copies this process's stdin to the turn's, from a helper thread, then closes it."""
+    """Copies this process's stdin to the turn's, from a helper thread, then closes it.
+
+    Used as a context manager, it stops when the block ends: the turn is over,
+    and the client is about to close. A post still on its way is waited for
+    (up to ``POST_GRACE_S``), and none starts after, so no request outlives
+    the client: one that did would hold its connection open past the pool's
+    close, and an embedded target (``--local``) would wait for it to stop.
+    """
 
     CHUNK = 64 * 1024
 
     def __init__(self, client: TargetClient) -> None:
         self._client = client
+        # Written to once, to wake a thread blocked reading a stdin that never ends.
+        self._stop_r, self._stop_w = os.pipe()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> StdinFeeder:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
 
     def start(self, turn_id: str) -> None:
-        threading.Thread(
+        self._thread = threading.Thread(
             target=self._copy, args=(turn_id,), daemon=True, name="paddock-stdin"
-        ).start()
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Post nothing more; wait for a post on its way."""
+        if self._stop_w < 0:
+            return
+        os.write(self._stop_w, b"x")
+        if self._thread is not None:
+            self._thread.join(POST_GRACE_S)
+        if self._thread is None or not self._thread.is_alive():
+            # (One still posting after the grace may yet look at it: left open, as we leave.)
+            os.close(self._stop_r)
+        os.close(self._stop_w)
+        self._stop_w = -1
 
     def _copy(self, turn_id: str) -> None:
         fd = stdin_fd()
         try:
-            while fd is not None and (chunk := os.read(fd, self.CHUNK)):
+            while fd is not None and (chunk := self._read(fd)):
                 self._client.write_stdin(turn_id, chunk)
+            if self._stopping():
+                return
             self._client.write_stdin(turn_id, b"", eof=True)
         except (AgentError, RuntimeError, OSError, ValueError):
             # The turn ended without reading it all (like a closed pipe), or we are closing.
             return
+
+    def _read(self, fd: int) -> bytes:
+        """The next chunk of stdin; nothing once stdin ends or the feeder stops."""
+        ready, _, _ = select.select([fd, self._stop_r], [], [])
+        if self._stop_r in ready:
+            return b""
+        return os.read(fd, self.CHUNK)
+
+    def _stopping(self) -> bool:
+        ready, _, _ = select.select([self._stop_r], [], [], 0)
+        return bool(ready)

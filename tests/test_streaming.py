@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import threading
 
 import pytest
@@ -258,3 +259,34 @@ def test_run_term_kills_the_turn_and_a_second_stops_waiting(
     assert posted.names == ["KILL"]
     assert f"sent KILL to turn {TURN_ID}" in capfd.readouterr().err
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_run_reads_and_posts_no_more_stdin_once_the_turn_has_ended(
+    scripted: Scripted, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stdin whose writer lives on past the turn is let go when ``paddock run`` returns.
+
+    A helper left blocked on it would post, later, through a client already
+    closed: the one request that outlived the pool held its connection open,
+    and an embedded target (``--local``) then waited seconds to stop.
+    """
+    script_turn(
+        scripted, frame(STARTED) + frame({**EXIT, "exit_code": 0}), turn_json(state="exited")
+    )
+    stdin_route = f"/v1/turns/{TURN_ID}/stdin"
+    scripted.routes["POST", stdin_route] = lambda h, s: reply_json(h, 202, turn_json())
+    read_end, write_end = os.pipe()
+    stdin = os.fdopen(read_end, "rb")
+    monkeypatch.setattr(sys, "stdin", stdin)
+    monkeypatch.setenv("PADDOCK_TARGET", scripted.url)
+    monkeypatch.setenv("PADDOCK_TOKEN", TOKEN)
+    scripted.routes["GET", "/v1/roles"] = lambda h, s: reply_json(h, 200, {"roles": ["default"]})
+    try:
+        assert cli.main(["run", "--", "cat"]) == 0
+        feeders = [t for t in threading.enumerate() if t.name == "paddock-stdin"]
+        assert not feeders, "the stdin helper outlived the run"
+        assert scripted.paths("POST", stdin_route) == []
+    finally:
+        os.close(write_end)
+        monkeypatch.undo()
+        stdin.close()
