@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
+import subprocess
+import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY_DIR = REPO / "deploy"
@@ -55,3 +62,36 @@ def print_unit(*extra: str) -> str:
         env=checkout_env(),
     )
     return proc.stdout
+
+
+def dependency_wheelhouse(factory: pytest.TempPathFactory, wheel: Path) -> Path:
+    """The wheels ``wheel`` depends on (not itself), fetched with the target's own pip.
+
+    Every deploy then installs offline from it. Fetched once per run, by
+    whichever test asks first: xdist's workers share the run's temporary root,
+    and wait on a lock there while one of them downloads.
+    """
+    key = hashlib.sha256("\n".join(_requirements(wheel)).encode()).hexdigest()[:16]
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    shared = factory.getbasetemp().parent if worker else factory.getbasetemp()
+    ready = shared / f"wheelhouse-{key}"
+    with open(shared / f"wheelhouse-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not ready.exists():
+            partial = Path(tempfile.mkdtemp(prefix="wheelhouse-", dir=shared))
+            subprocess.run(
+                [SYSTEM_PYTHON, "-m", "pip", "download", "-q", "-d", str(partial), str(wheel)],
+                check=True,
+                capture_output=True,
+                timeout=300,
+            )
+            (partial / wheel.name).unlink()  # the wheel itself goes up on its own
+            partial.rename(ready)  # whole or not at all: a failed download leaves no wheelhouse
+    return ready
+
+
+def _requirements(wheel: Path) -> list[str]:
+    with zipfile.ZipFile(wheel) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        lines = archive.read(name).decode().splitlines()
+    return sorted(line for line in lines if line.startswith("Requires-Dist:"))

@@ -35,7 +35,14 @@ import httpx
 import pytest
 import trustme
 from conftest import events, output, wait_until
-from deploy_support import REPO, STEPS, SYSTEM_PYTHON, finished_steps, print_unit
+from deploy_support import (
+    REPO,
+    STEPS,
+    SYSTEM_PYTHON,
+    dependency_wheelhouse,
+    finished_steps,
+    print_unit,
+)
 
 from paddock_deploy.archive import build_archive
 from paddock_deploy.protocol import ARCHIVE_NAME
@@ -129,15 +136,8 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> Wheels:
     building = [_build(old_tree, old_out), _build(new_tree, new_out)]
     _wait(building[0], "building the 0.1.0 wheel")
     old = next(old_out.glob("paddock-0.1.0-*.whl"))
-    wheelhouse = root / "wheelhouse"
-    # Dependencies once, with the target's own pip: every deploy then installs offline.
-    download = subprocess.Popen(
-        [SYSTEM_PYTHON, "-m", "pip", "download", "-q", "-d", str(wheelhouse), str(old)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    wheelhouse = dependency_wheelhouse(tmp_path_factory, old)
     _wait(building[1], "building the 0.1.1 wheel")
-    _wait(download, "downloading the dependencies")
     new = next(new_out.glob("paddock-0.1.1-*.whl"))
     os.chmod(root, 0o755)
     return Wheels(old, new, wheelhouse)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from deploy_support import REPO, STEPS, SYSTEM_PYTHON
+from deploy_support import REPO, STEPS, SYSTEM_PYTHON, dependency_wheelhouse
 from sshd import SSHD, Sshd, free_port
 
 from agent_side.deploy import build_wheel, source_root
@@ -287,14 +287,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     source = source_root()
     assert source == REPO
     wheel = build_wheel(source, build / "dist")
-    wheelhouse = build / "wheelhouse"
-    subprocess.run(
-        [SYSTEM_PYTHON, "-m", "pip", "download", "-q", "-d", str(wheelhouse), str(wheel)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    (wheelhouse / wheel.name).unlink()
+    wheelhouse = dependency_wheelhouse(tmp_path_factory, wheel)
     home = tmp_path_factory.mktemp("fleet-agent")
     machines: list[Machine] = []
     with contextlib.ExitStack() as stack:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from deploy_support import REPO, STEPS, SYSTEM_PYTHON, finished_steps
+from deploy_support import REPO, STEPS, SYSTEM_PYTHON, dependency_wheelhouse, finished_steps
 from sshd import SSHD, Sshd, free_port
 
 from agent_side.deploy import (
@@ -198,14 +198,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     wheel = build_wheel(source, root / "dist")
     # The build ran on a copy: nothing new in the checkout (no build/, no *.egg-info).
     assert {p.name for p in REPO.iterdir()} == leftovers
-    wheelhouse = root / "wheelhouse"
-    subprocess.run(
-        [SYSTEM_PYTHON, "-m", "pip", "download", "-q", "-d", str(wheelhouse), str(wheel)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    (wheelhouse / wheel.name).unlink()  # the wheel itself goes up on its own
+    wheelhouse = dependency_wheelhouse(tmp_path_factory, wheel)
     return Built(wheel, wheelhouse)
 
 
