@@ -17,10 +17,13 @@ from pathlib import Path
 
 from bench.common import Samples, ms, ratio, render_table, temp_dir
 from target_side.policy.protect import PROTECTED_NAMES, scan
+from target_side.policy.reach import Reach
 
 DIRS = 10_000
 REPOS = 25
 FILES_PER_DIR = 3
+AS_A_ROLE = Reach(65534, 65534)
+"""As a turn is scanned for: a uid of its own (never root), so each directory is looked at."""
 
 
 def run(runs: int) -> str:
@@ -33,8 +36,10 @@ def run(runs: int) -> str:
             ),
         )
         walk = _time(runs, lambda: sum(1 for _ in os.walk(root)))
-        found = scan([("cwd", str(root))], PROTECTED_NAMES, 100_000)
-        scanned = _time(runs, lambda: scan([("cwd", str(root))], PROTECTED_NAMES, 100_000))
+        found = scan([("cwd", str(root))], PROTECTED_NAMES, 100_000, AS_A_ROLE)
+        scanned = _time(
+            runs, lambda: scan([("cwd", str(root))], PROTECTED_NAMES, 100_000, AS_A_ROLE)
+        )
     rows = [
         ("find -type d (baseline)", ms(find.p50), ms(find.p95), "1.00x"),
         ("os.walk", ms(walk.p50), ms(walk.p95), ratio(walk.p50, find.p50)),

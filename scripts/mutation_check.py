@@ -1327,6 +1327,47 @@ MUTATIONS += (
         (f"{HOST_EDGES} -k below_the_mount_root or new_ones_at_the_top",),
     ),
     Mutation(
+        # Closed to the role for good, yet scanned: bubblewrap, as the role, cannot mount over
+        # what is in there, and every turn of the workspace is refused.
+        "closed-directory-scanned",
+        "target_side/policy/reach.py",
+        "        return Door.SHUT if st.st_uid == self.uid else Door.CLOSED",
+        "        return Door.OPEN",
+        (f"{HOST_EDGES} -k where_the_role_can_never_go",),
+    ),
+    Mutation(
+        # The role's own directory, closed by its mode alone, taken for closed for good: the
+        # turn opens it and writes a hook nothing protected.
+        "shut-directory-taken-for-closed",
+        "target_side/policy/reach.py",
+        "        return Door.SHUT if st.st_uid == self.uid else Door.CLOSED",
+        "        return Door.CLOSED",
+        (f"{HOST_EDGES} -k could_open_but_may_not_search",),
+    ),
+    Mutation(
+        # A .git of the role's own, closed by its mode: its members left out of the scan, as
+        # if the turn could never reach them; it opens it and writes a hook.
+        "shut-git-dir-members-left-out",
+        "target_side/policy/protect.py",
+        "doors.of(git.path) is Door.CLOSED",
+        "doors.of(git.path) is not Door.OPEN",
+        (f"{HOST_EDGES} -k git_directory_the_role_could_open",),
+    ),
+    Mutation(
+        "acl-ignored-by-the-scan",
+        "target_side/policy/reach.py",
+        "        if self.may_search(st) or _has_acl(path):",
+        "        if self.may_search(st):",
+        (f"{HOST_EDGES} -k an_acl_opens",),
+    ),
+    Mutation(
+        "closed-git-dir-left-movable",
+        "target_side/policy/protect.py",
+        "    found.git_dirs.append(path)\n    if not reachable:\n        return\n",
+        "    if not reachable:\n        return\n    found.git_dirs.append(path)\n",
+        (f"{HOST_EDGES} -k can_never_enter_still_cannot_be_moved",),
+    ),
+    Mutation(
         "scan-limit-ignored",
         "target_side/policy/protect.py",
         "        if visited > limit:",

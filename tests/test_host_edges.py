@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -51,6 +52,7 @@ from target_side.config import FenceConfig, RoleConfig, Settings, parse_settings
 from target_side.errors import ConfigError, ThreadIdsError
 from target_side.fence import thread_ids
 from target_side.fence.audit import QUARANTINE_SUFFIX
+from target_side.fence.launch import explain_setup_failure
 from target_side.policy.forbidden import role_home
 from target_side.service.server import ServerThread
 
@@ -468,6 +470,102 @@ def test_writable_mount_with_more_directories_than_the_scan_limit_is_refused(
             turn = submit(c, argv=["true"])
     rule, detail = _refusal(turn)
     assert rule == "bad-mount" and "scan_limit" in detail
+
+
+def _root_only(path: Path) -> Path:
+    """``path``, made a directory of root's that no one else may enter (0700)."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.chown(path, 0, 0)
+    path.chmod(0o700)
+    return path
+
+
+def test_a_repository_where_the_role_can_never_go_does_not_stop_its_turns(
+    c: httpx.Client, ws: Path
+) -> None:
+    # bubblewrap, as the role, could not mount over anything in there, nor could the turn
+    # reach it: it is left out of the scan, where it used to refuse every turn.
+    _repo(_root_only(ws / "closed") / "repo")
+    turn, evs = run(c, ["sh", "-c", "ls closed 2>&1; echo rc=$?"], cwd=str(ws))
+    assert turn.refusal is None, turn.refusal
+    assert "Permission denied" in output(evs)
+
+
+def test_a_git_directory_the_role_can_never_enter_still_cannot_be_moved_away(
+    c: httpx.Client, edges: Target, ws: Path
+) -> None:
+    _repo(ws / "proj")
+    _hand_over(ws, edges.settings)
+    _root_only(ws / "proj" / ".git")
+    # Moved away, it would leave room for a .git of the turn's own, hooks and all.
+    turn, evs = run(c, ["sh", "-c", "mv proj/.git proj/moved 2>&1; echo rc=$?"], cwd=str(ws))
+    assert turn.refusal is None, turn.refusal
+    assert "rc=0" not in output(evs)
+    assert (ws / "proj" / ".git" / "hooks").is_dir()
+
+
+def test_a_repository_the_role_could_open_but_may_not_search_is_refused(
+    c: httpx.Client, edges: Target, ws: Path
+) -> None:
+    box = ws / "box"
+    _repo(box / "proj")
+    _hand_over(ws, edges.settings)
+    box.chmod(0o600)  # the role's own, closed to it: chmod opens it again, inside the turn
+    hooks = box / "proj" / ".git" / "hooks"
+    try:
+        attack = "chmod 700 box && echo evil > box/proj/.git/hooks/pre-commit; echo rc=$?"
+        turn, evs = run(c, ["sh", "-c", attack], cwd=str(ws))
+        rule, detail = _refusal(turn)
+        assert rule == "bad-mount", output(evs)
+        assert f"{box} is closed to uid {_uid(edges.settings)}" in detail
+        assert f"chmod u+x {box}" in detail
+    finally:
+        box.chmod(0o700)  # a box left shut would refuse the module's later turns
+    assert not (hooks / "pre-commit").exists()
+
+
+def test_a_git_directory_the_role_could_open_but_may_not_search_is_refused(
+    c: httpx.Client, edges: Target, ws: Path
+) -> None:
+    _repo(ws / "proj")
+    _hand_over(ws, edges.settings)
+    git = ws / "proj" / ".git"
+    git.chmod(0o600)
+    try:
+        attack = "chmod 700 proj/.git && echo evil > proj/.git/hooks/pre-commit; echo rc=$?"
+        turn, evs = run(c, ["sh", "-c", attack], cwd=str(ws))
+        rule, detail = _refusal(turn)
+        assert rule == "bad-mount", output(evs)
+        assert f"{git} is closed to uid" in detail
+    finally:
+        git.chmod(0o700)
+    assert not (git / "hooks" / "pre-commit").exists()
+
+
+@pytest.mark.skipif(shutil.which("setfacl") is None, reason="needs setfacl (Debian: acl)")
+def test_a_repository_an_acl_opens_to_the_role_keeps_its_hooks_read_only(
+    c: httpx.Client, edges: Target, ws: Path
+) -> None:
+    _repo(ws / "shared" / "proj")
+    _hand_over(ws, edges.settings)
+    _root_only(ws / "shared")
+    # 0700 and root's: only the ACL lets the role in.
+    acl = f"u:{_uid(edges.settings)}:rx"
+    subprocess.run(["setfacl", "-m", acl, str(ws / "shared")], check=True)
+    attack = "echo evil > shared/proj/.git/hooks/pre-commit 2>&1; echo rc=$?"
+    turn, evs = run(c, ["sh", "-c", attack], cwd=str(ws))
+    assert turn.refusal is None, turn.refusal
+    assert "rc=0" not in output(evs)
+    assert not (ws / "shared/proj/.git/hooks/pre-commit").exists()
+
+
+def test_a_mount_source_out_of_bubblewraps_reach_is_said_as_such() -> None:
+    said = b"bwrap: Can't find source path /proc/self/fd/18: Permission denied\n"
+    refusal = explain_setup_failure(said, {18: "/w/closed/repo/.git"})
+    assert (refusal.rule, refusal.path) == ("bad-mount", "/w/closed/repo/.git")
+    assert "out of the turn's reach" in refusal.detail
+    replaced = b"bwrap: Can't find source path /proc/self/fd/18: No such file or directory\n"
+    assert explain_setup_failure(replaced, {18: "/etc/passwd"}).rule == "path-changed"
 
 
 # --- 4. mount destinations must already be normal ------------------------------------------

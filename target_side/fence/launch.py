@@ -261,6 +261,12 @@ def args_fd(options: Sequence[str]) -> int:
     return memory_file("paddock-args", b"".join(o.encode() + b"\0" for o in options))
 
 
+_DENIED_SOURCE = re.compile(
+    r"Can't find source path (?P<path>.+?)(?: \(/proc/self/fd/\d+\))?: Permission denied$"
+)
+"""bubblewrap's words for a mount source its uid may not reach, once said by path."""
+
+
 def explain_setup_failure(stderr_tail: bytes, sources: Mapping[int, str] | None = None) -> Refusal:
     """The refusal for a bubblewrap that failed before the command ran, from its own words.
 
@@ -276,6 +282,16 @@ def explain_setup_failure(stderr_tail: bytes, sources: Mapping[int, str] | None 
     if "execvp" in last:
         why = f"could not be executed in the fence ({said})"
         return refusals.not_executable("argv[0]", "", why)
+    denied = _DENIED_SOURCE.search(said)
+    if denied is not None:
+        # Not a change: bubblewrap, as the turn's uid, may not search a directory above it
+        # (planning refuses the cases it can see; an ACL may deny what mode bits grant).
+        path = denied["path"]
+        why = (
+            "is out of the turn's reach: a directory above it is closed to its uid "
+            f"(bubblewrap: {said}); let the role search there, or move it elsewhere"
+        )
+        return refusals.bad_mount("fence", path, path, why)
     if "Race condition binding dirfd" in last or "Can't find source path /proc/self/fd/" in last:
         # A held source was replaced or unlinked (a package upgrade, useradd rewriting
         # /etc/passwd) between bwrap resolving its descriptor and mounting it.

@@ -45,6 +45,7 @@ from target_side.policy.plan import (
     protect_found,
     protect_writable,
     protected_names,
+    turn_reach,
 )
 from target_side.policy.protect import git_dir_above, scan_entries
 
@@ -96,7 +97,8 @@ def plan_file(
     config = settings.roles[role]
     uid, gid = host_ids(settings, role)
     workspaces = tuple(resolve("roles.workspaces", w) for w in config.workspaces)
-    planner = MountPlanner(forbidden_for(settings, role, server_env), workspaces, (uid, gid))
+    forbidden = forbidden_for(settings, role, server_env)
+    planner = MountPlanner(forbidden, workspaces, turn_reach(settings, uid, gid))
     planner.system(etc_dir)
     planner.path_dirs(settings.fence.path)
     names = protected_names(settings)

@@ -20,6 +20,7 @@ from target_side.errors import RefusedError
 from target_side.policy import refusals
 from target_side.policy.forbidden import ForbiddenList
 from target_side.policy.paths import is_normal, resolve
+from target_side.policy.reach import Door, Reach
 
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC_ENTRIES = (
@@ -85,12 +86,13 @@ class MountPlanner:
         self,
         forbidden: ForbiddenList,
         workspaces: tuple[str, ...],
-        ids: tuple[int, int],
+        reach: Reach,
         walk: Callable[[str], str] = canonical_path,
     ) -> None:
         self.forbidden = forbidden
         self.workspaces = workspaces
-        self.ids = ids
+        self.reach = reach
+        """Who the turn acts as: what it can enter, and what bubblewrap (as it) can bind."""
         self.walk = walk
         self.mounts: list[Mount] = []
         self._searchable: set[str] = set()
@@ -184,8 +186,7 @@ class MountPlanner:
         checking it is the held inode), so the kernel checks this at mount time;
         planning says it first, in words.
         """
-        uid, gid = self.ids
-        if uid == 0:
+        if self.reach.uid == 0:
             return
         directory = posixpath.dirname(resolved)
         while directory not in self._searchable:
@@ -194,10 +195,15 @@ class MountPlanner:
             except FileNotFoundError:
                 pass  # made at launch (the role's home and what leads to it)
             else:
-                if not _may_search(st, uid, gid):
+                if self.reach.door(directory, st) is not Door.OPEN:
                     raise RefusedError(
                         refusals.unreachable_for_role(
-                            subject, given, resolved, directory, uid, stat.S_IMODE(st.st_mode)
+                            subject,
+                            given,
+                            resolved,
+                            directory,
+                            self.reach.uid,
+                            stat.S_IMODE(st.st_mode),
                         )
                     )
             self._searchable.add(directory)
@@ -209,14 +215,6 @@ class MountPlanner:
         hit = self.forbidden.collision(resolved)
         if hit is not None:
             raise RefusedError(refusals.forbidden_path(subject, given, resolved, hit))
-
-
-def _may_search(st: os.stat_result, uid: int, gid: int) -> bool:
-    if st.st_uid == uid:
-        return bool(st.st_mode & stat.S_IXUSR)
-    if st.st_gid == gid:
-        return bool(st.st_mode & stat.S_IXGRP)
-    return bool(st.st_mode & stat.S_IXOTH)
 
 
 def identity(resolved: str) -> tuple[int | None, int | None]:

@@ -30,6 +30,7 @@ from target_side.policy.protect import (
     protected_member_holding,
     scan,
 )
+from target_side.policy.reach import Reach
 
 SCRIPT_PATH = "/run/paddock/turn.sh"
 """Where a script turn's body appears inside the fence (a read-only copy made by bubblewrap)."""
@@ -89,7 +90,7 @@ def plan_turn(
     workspaces = tuple(resolve("roles.workspaces", w, walk) for w in role.workspaces)
     uid, gid = host_ids(settings, request.role)
     forbidden = forbidden_for(settings, request.role, server_env, walk)
-    planner = MountPlanner(forbidden, workspaces, (uid, gid), walk)
+    planner = MountPlanner(forbidden, workspaces, turn_reach(settings, uid, gid), walk)
     planner.system(etc_dir)
     planner.path_dirs(settings.fence.path)
     planner.home(home)
@@ -200,6 +201,14 @@ def host_ids(settings: Settings, role: str) -> tuple[int, int]:
     return uid, gid
 
 
+def turn_reach(settings: Settings, uid: int, gid: int) -> Reach:
+    """What a turn acting as ``uid:gid`` can enter: one run as the server itself keeps the
+    server's groups; a role's own uid runs with none but its gid."""
+    if settings.fence.identity == "server":
+        return Reach.of_server()
+    return Reach(uid, gid)
+
+
 def _network(request: TurnRequest, role: RoleConfig) -> bool:
     if request.network == "host" and not role.allow_network:
         raise RefusedError(refusals.network_not_allowed(request.role))
@@ -221,7 +230,10 @@ def protect_writable(planner: MountPlanner, settings: Settings) -> dict[str, str
     names = protected_names(settings)
     # The role's home is only ever used inside fences: its rc files are its own business.
     found = scan(
-        [(s, root) for s, root in writable if s != "roles.home"], names, settings.fence.scan_limit
+        [(s, root) for s, root in writable if s != "roles.home"],
+        names,
+        settings.fence.scan_limit,
+        planner.reach,
     )
     return protect_found(planner, found)
 

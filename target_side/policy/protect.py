@@ -26,14 +26,16 @@ by its role's own uid, which git and shells run by anyone else do not trust.
 
 from __future__ import annotations
 
+import functools
 import os
 import posixpath
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from target_side.errors import RefusedError
 from target_side.policy import refusals
+from target_side.policy.reach import Door, Reach
 
 PROTECTED_NAMES = (
     # read by shells at login or start, as whoever owns the home they sit in
@@ -80,11 +82,22 @@ class Protection:
     """Paths to check after the turn: each must still be absent (None) or a symlink to the
     given target, as it was when planned."""
 
+    def keep(self, kept: Callable[[str], bool]) -> None:
+        """Mount over only the paths ``kept`` says yes to."""
+        self.git_dirs = [p for p in self.git_dirs if kept(p)]
+        self.read_only = [p for p in self.read_only if kept(p)]
 
-def scan(roots: Iterable[tuple[str, str]], names: tuple[str, ...], limit: int) -> Protection:
+
+def scan(
+    roots: Iterable[tuple[str, str]], names: tuple[str, ...], limit: int, reach: Reach
+) -> Protection:
     """Search each writable mount ``(subject, canonical root)`` for what must stay protected.
 
-    Symlinks are never followed: a link inside a mount is not part of it.
+    Symlinks are never followed: a link inside a mount is not part of it. What
+    lies below a directory the turn can never enter (``reach``) is left alone:
+    the turn cannot change it, nor could bubblewrap, running as it, mount over
+    it. What lies below one it owns but may not search is refused: the turn
+    could open it and change what bubblewrap could not mount over.
     """
     found = Protection()
     seen: set[str] = set()
@@ -92,8 +105,10 @@ def scan(roots: Iterable[tuple[str, str]], names: tuple[str, ...], limit: int) -
     for subject, root in roots:
         for name in names:
             _expect_unchanged(posixpath.join(root, name), found)
-        for directory, entries in _walk(subject, root, limit):
-            _classify(directory, entries, wanted, names, found, seen)
+        doors = _Doors(reach, root)
+        for directory, entries in _walk(subject, root, limit, doors):
+            _classify(directory, entries, wanted, names, found, seen, doors)
+        found.keep(functools.partial(doors.within_reach, subject))
     return found
 
 
@@ -110,7 +125,7 @@ def scan_entries(root: str, names: tuple[str, ...]) -> Protection:
         raise RefusedError(
             refusals.bad_mount("fence.protect", root, root, f"cannot be searched: {exc.strerror}")
         ) from exc
-    _classify(root, entries, frozenset(names), names, found, set())
+    _classify(root, entries, frozenset(names), names, found, set(), None)
     return found
 
 
@@ -181,7 +196,9 @@ def _expect_unchanged(path: str, found: Protection) -> None:
         found.audit[path] = os.readlink(path)
 
 
-def _walk(subject: str, root: str, limit: int) -> Iterator[tuple[str, list[os.DirEntry[str]]]]:
+def _walk(
+    subject: str, root: str, limit: int, doors: _Doors
+) -> Iterator[tuple[str, list[os.DirEntry[str]]]]:
     """Every directory below ``root`` (itself included) with its entries, depth first."""
     pending = [root]
     visited = 0
@@ -194,6 +211,8 @@ def _walk(subject: str, root: str, limit: int) -> Iterator[tuple[str, list[os.Di
             with os.scandir(directory) as listing:
                 entries = list(listing)
         except OSError as exc:
+            if doors.closed_at_or_above(directory):
+                continue  # closed to the turn (and to a server running as it): nothing to do
             raise RefusedError(
                 refusals.bad_mount(
                     "fence.protect", directory, directory, f"cannot be searched: {exc.strerror}"
@@ -212,16 +231,19 @@ def _classify(
     names: tuple[str, ...],
     found: Protection,
     seen: set[str],
+    doors: _Doors | None,
 ) -> None:
     by_name = {e.name: e for e in entries}
     git = by_name.get(".git")
     if git is not None:
         if git.is_dir(follow_symlinks=False):
-            _git_dir(git.path, found, seen)
+            # Its members are looked at unless the turn can never reach them (``scan``).
+            closed = doors is not None and doors.of(git.path) is Door.CLOSED
+            _git_dir(git.path, found, seen, reachable=not closed)
         elif git.is_file(follow_symlinks=False):
             found.read_only.append(git.path)
     elif _looks_bare(by_name):
-        _git_dir(directory, found, seen)
+        _git_dir(directory, found, seen)  # entered by the scan, so not closed to the turn
     for name in names:
         if "/" in name:
             path = posixpath.join(directory, name)
@@ -230,6 +252,56 @@ def _classify(
     for entry in entries:
         if entry.name in wanted and not entry.is_symlink():
             found.read_only.append(entry.path)
+
+
+class _Doors:
+    """How the turn finds the directories of one writable mount, each looked at once, and
+    only where something was found to protect: a directory scanned costs no more."""
+
+    def __init__(self, reach: Reach, root: str) -> None:
+        self.reach = reach
+        self.root = root
+        self._known: dict[str, tuple[Door, int]] = {}
+
+    def of(self, directory: str) -> Door:
+        return self._look(directory)[0]
+
+    def closed_at_or_above(self, directory: str) -> bool:
+        return any(self.of(d) is Door.CLOSED for d in self._way_down_to(directory))
+
+    def within_reach(self, subject: str, path: str) -> bool:
+        """Whether ``path`` is for bubblewrap to mount over: False if the turn can never
+        reach it; a refusal if the turn could open its way there, but bubblewrap could not."""
+        way = self._way_down_to(posixpath.dirname(path))
+        if any(self.of(d) is Door.CLOSED for d in way):
+            return False
+        for directory in way:
+            door, mode = self._look(directory)
+            if door is Door.SHUT:
+                raise RefusedError(
+                    refusals.shut_to_role(subject, directory, path, self.reach.uid, mode)
+                )
+        return True
+
+    def _way_down_to(self, directory: str) -> list[str]:
+        """The mount's root, then each directory below it down to ``directory``."""
+        way = [directory]
+        while directory != self.root and directory != "/":
+            directory = posixpath.dirname(directory)
+            way.append(directory)
+        return way[::-1]
+
+    def _look(self, directory: str) -> tuple[Door, int]:
+        known = self._known.get(directory)
+        if known is None:
+            try:
+                st = os.lstat(directory)
+            except OSError:
+                known = Door.OPEN, 0  # gone: looked at as if it were there
+            else:
+                known = self.reach.door(directory, st), stat.S_IMODE(st.st_mode)
+            self._known[directory] = known
+        return known
 
 
 def _looks_bare(by_name: dict[str, os.DirEntry[str]]) -> bool:
@@ -245,11 +317,16 @@ def _looks_bare(by_name: dict[str, os.DirEntry[str]]) -> bool:
     )
 
 
-def _git_dir(path: str, found: Protection, seen: set[str]) -> None:
+def _git_dir(path: str, found: Protection, seen: set[str], reachable: bool = True) -> None:
+    """Protect the git directory ``path``: onto itself, its members read-only. One the turn
+    can never enter (not ``reachable``) is still mounted onto itself, since the turn could
+    rename it away from its parent; what is inside, the turn cannot reach."""
     if path in seen:
         return
     seen.add(path)
     found.git_dirs.append(path)
+    if not reachable:
+        return
     for member in GIT_MEMBERS:
         inner = posixpath.join(path, member)
         if os.path.lexists(inner) and not os.path.islink(inner):

@@ -130,6 +130,21 @@ def unreachable_for_role(
     )
 
 
+def shut_to_role(subject: str, directory: str, held: str, uid: int, mode: int) -> Refusal:
+    """Something to keep read-only lies in a directory the turn's uid owns but may not search."""
+    return _refused(
+        "bad-mount",
+        subject,
+        directory,
+        directory,
+        f"{held} must stay as it is (what is there runs later, outside any fence), but "
+        f"{directory} is closed to uid {uid}, which owns it (mode {mode:04o}): bubblewrap, "
+        "running as that uid, cannot mount over what is inside, and the turn could open it "
+        f"and change it; let the role search it (chmod u+x {directory}), or move it out of "
+        "the writable mount",
+    )
+
+
 def bad_managed_entry(subject: str, given: str, why: str) -> Refusal:
     return _refused(
         "bad-mount",
