@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ async def test_a_burst_of_turns_is_planned_a_few_at_a_time_on_threads_of_its_own
     """All at once on the blocking pool, a burst's plans shared the interpreter lock 64 ways and
     every turn launched late; and a pool full of slow blocking steps held up every new turn."""
     app = create_app(make_settings(Path(canonical_path(tmp_path)), ca))
-    lock = threading.Lock()
+    changed = threading.Condition()
     planning = 0
     most = 0
     threads: set[str] = set()
@@ -33,15 +32,18 @@ async def test_a_burst_of_turns_is_planned_a_few_at_a_time_on_threads_of_its_own
 
     def plan(manager: TurnManager, request: TurnRequest, turn_id: str) -> FencePlan:
         nonlocal planning, most
-        with lock:
+        with changed:
             planning += 1
             most = max(most, planning)
             threads.add(threading.current_thread().name)
+            changed.notify_all()
+            # Held until as many plans run as the pool allows (a timed pause let a loaded
+            # machine start the last one after the first had ended), or the burst's tail.
+            changed.wait_for(lambda: planning >= PLANNING_THREADS, timeout=2)
         try:
-            time.sleep(0.05)  # long enough for every plan the pool allows to overlap
             return real_plan(manager, request, turn_id)
         finally:
-            with lock:
+            with changed:
                 planning -= 1
 
     monkeypatch.setattr(TurnManager, "plan", plan)
