@@ -1354,6 +1354,15 @@ MUTATIONS += (
         (f"{HOST_EDGES} -k git_directory_the_role_could_open",),
     ),
     Mutation(
+        # A server running as the turn cannot list what is closed to it: that is no reason to
+        # refuse (the turn cannot go there either).
+        "closed-directory-refused-when-unlistable",
+        "target_side/policy/protect.py",
+        "            if doors.closed_at_or_above(directory):\n",
+        "            if False:\n",
+        ("tests/test_local.py",),
+    ),
+    Mutation(
         "acl-ignored-by-the-scan",
         "target_side/policy/reach.py",
         "        if self.may_search(st) or _has_acl(path):",

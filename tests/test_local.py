@@ -41,6 +41,10 @@ def test_local_as_a_user_runs_turns_as_that_user_still_fenced(
     work = tmp_path / "work"
     work.mkdir()
     os.chown(work, user.pw_uid, user.pw_gid)
+    # root's, 0700, as /tmp holds: neither the user nor a turn of theirs can go there, so
+    # the protected-name scan (running as the user too) leaves it alone.
+    subprocess.run(["git", "init", "-q", str(work / "closed" / "repo")], check=True)
+    (work / "closed").chmod(0o700)
     command = "id -u; echo made > f; cat /etc/shadow 2>&1 | head -c 0; ls /"
     result = subprocess.run(
         [
