@@ -256,7 +256,8 @@ class StdinFeeder:
 
     def __init__(self, client: TargetClient) -> None:
         self._client = client
-        # Written to once, to wake a thread blocked reading a stdin that never ends.
+        self._stopped = threading.Event()
+        # Written to once, to wake a thread waiting on a stdin that never ends.
         self._stop_r, self._stop_w = os.pipe()
         self._thread: threading.Thread | None = None
 
@@ -274,8 +275,9 @@ class StdinFeeder:
 
     def stop(self) -> None:
         """Post nothing more; wait for a post on its way."""
-        if self._stop_w < 0:
+        if self._stopped.is_set():
             return
+        self._stopped.set()
         os.write(self._stop_w, b"x")
         if self._thread is not None:
             self._thread.join(POST_GRACE_S)
@@ -283,14 +285,13 @@ class StdinFeeder:
             # (One still posting after the grace may yet look at it: left open, as we leave.)
             os.close(self._stop_r)
         os.close(self._stop_w)
-        self._stop_w = -1
 
     def _copy(self, turn_id: str) -> None:
         fd = stdin_fd()
         try:
             while fd is not None and (chunk := self._read(fd)):
                 self._client.write_stdin(turn_id, chunk)
-            if self._stopping():
+            if self._stopped.is_set():
                 return
             self._client.write_stdin(turn_id, b"", eof=True)
         except (AgentError, RuntimeError, OSError, ValueError):
@@ -299,11 +300,10 @@ class StdinFeeder:
 
     def _read(self, fd: int) -> bytes:
         """The next chunk of stdin; nothing once stdin ends or the feeder stops."""
-        ready, _, _ = select.select([fd, self._stop_r], [], [])
-        if self._stop_r in ready:
+        waiting = select.poll()  # not select(): a descriptor may be numbered past its 1024
+        waiting.register(fd, select.POLLIN)
+        waiting.register(self._stop_r, select.POLLIN)
+        waiting.poll()
+        if self._stopped.is_set():
             return b""
         return os.read(fd, self.CHUNK)
-
-    def _stopping(self) -> bool:
-        ready, _, _ = select.select([self._stop_r], [], [], 0)
-        return bool(ready)
