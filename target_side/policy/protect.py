@@ -243,7 +243,7 @@ def _classify(
         elif git.is_file(follow_symlinks=False):
             found.read_only.append(git.path)
     elif _looks_bare(by_name):
-        _git_dir(directory, found, seen)  # entered by the scan, so not closed to the turn
+        _git_dir(directory, found, seen)  # kept or not as the way to it allows (``scan``)
     for name in names:
         if "/" in name:
             path = posixpath.join(directory, name)
