@@ -28,6 +28,7 @@ AS_A_ROLE = Reach(65534, 65534)
 
 def run(runs: int) -> str:
     with temp_dir("paddock-bench-scan-") as root:
+        root.chmod(0o755)  # a workspace its role can enter: else nothing in it is protected
         made = _tree(root)
         find = _time(
             runs,
@@ -37,6 +38,7 @@ def run(runs: int) -> str:
         )
         walk = _time(runs, lambda: sum(1 for _ in os.walk(root)))
         found = scan([("cwd", str(root))], PROTECTED_NAMES, 100_000, AS_A_ROLE)
+        assert len(found.git_dirs) == REPOS, "the scan must find what a turn's would"
         scanned = _time(
             runs, lambda: scan([("cwd", str(root))], PROTECTED_NAMES, 100_000, AS_A_ROLE)
         )
