@@ -1342,7 +1342,7 @@ MUTATIONS += (
         "target_side/policy/reach.py",
         "        return Door.SHUT if st.st_uid == self.uid else Door.CLOSED",
         "        return Door.CLOSED",
-        (f"{HOST_EDGES} -k could_open_but_may_not_search",),
+        (f"{HOST_EDGES} -k could_open_but_may_not_search and above_the_repository",),
     ),
     Mutation(
         # A .git of the role's own, closed by its mode: its members left out of the scan, as
@@ -1351,7 +1351,7 @@ MUTATIONS += (
         "target_side/policy/protect.py",
         "doors.of(git.path) is Door.CLOSED",
         "doors.of(git.path) is not Door.OPEN",
-        (f"{HOST_EDGES} -k git_directory_the_role_could_open",),
+        (f"{HOST_EDGES} -k could_open_but_may_not_search and its_git_directory",),
     ),
     Mutation(
         # A server running as the turn cannot list what is closed to it: that is no reason to

@@ -504,42 +504,27 @@ def test_a_git_directory_the_role_can_never_enter_still_cannot_be_moved_away(
     assert (ws / "proj" / ".git" / "hooks").is_dir()
 
 
+@pytest.mark.parametrize(
+    "shut", ["box", "box/proj/.git"], ids=["above_the_repository", "its_git_directory"]
+)
 def test_a_repository_the_role_could_open_but_may_not_search_is_refused(
-    c: httpx.Client, edges: Target, ws: Path
+    c: httpx.Client, edges: Target, ws: Path, shut: str
 ) -> None:
-    box = ws / "box"
-    _repo(box / "proj")
+    _repo(ws / "box" / "proj")
     _hand_over(ws, edges.settings)
-    box.chmod(0o600)  # the role's own, closed to it: chmod opens it again, inside the turn
-    hooks = box / "proj" / ".git" / "hooks"
+    closed = ws / shut
+    closed.chmod(0o600)  # the role's own, closed to it: chmod opens it again, inside the turn
+    hooks = ws / "box" / "proj" / ".git" / "hooks"
     try:
-        attack = "chmod 700 box && echo evil > box/proj/.git/hooks/pre-commit; echo rc=$?"
+        attack = f"chmod 700 {shut} && echo evil > box/proj/.git/hooks/pre-commit; echo rc=$?"
         turn, evs = run(c, ["sh", "-c", attack], cwd=str(ws))
         rule, detail = _refusal(turn)
         assert rule == "bad-mount", output(evs)
-        assert f"{box} is closed to uid {_uid(edges.settings)}" in detail
-        assert f"chmod u+x {box}" in detail
+        assert f"{closed} is closed to uid {_uid(edges.settings)}" in detail
+        assert f"chmod u+x {closed}" in detail
     finally:
-        box.chmod(0o700)  # a box left shut would refuse the module's later turns
+        closed.chmod(0o700)  # left shut, it would refuse the module's later turns
     assert not (hooks / "pre-commit").exists()
-
-
-def test_a_git_directory_the_role_could_open_but_may_not_search_is_refused(
-    c: httpx.Client, edges: Target, ws: Path
-) -> None:
-    _repo(ws / "proj")
-    _hand_over(ws, edges.settings)
-    git = ws / "proj" / ".git"
-    git.chmod(0o600)
-    try:
-        attack = "chmod 700 proj/.git && echo evil > proj/.git/hooks/pre-commit; echo rc=$?"
-        turn, evs = run(c, ["sh", "-c", attack], cwd=str(ws))
-        rule, detail = _refusal(turn)
-        assert rule == "bad-mount", output(evs)
-        assert f"{git} is closed to uid" in detail
-    finally:
-        git.chmod(0o700)
-    assert not (git / "hooks" / "pre-commit").exists()
 
 
 @pytest.mark.skipif(shutil.which("setfacl") is None, reason="needs setfacl (Debian: acl)")
