@@ -87,6 +87,12 @@ class HostKeyChanged(AgentError):
     label = "SSH HOST KEY CHANGED"
 
 
+class HostKeyRevoked(AgentError):
+    """The SSH server's host key is marked ``@revoked`` in a known_hosts file."""
+
+    label = "SSH HOST KEY REVOKED"
+
+
 class SshAuthFailed(AgentError):
     """The SSH server accepted none of the keys offered (agent, ``-i``, config, defaults)."""
 

@@ -47,6 +47,7 @@ from paramiko.auth_strategy import (
 from agent_side.errors import (
     AgentError,
     HostKeyChanged,
+    HostKeyRevoked,
     HostKeyUnknown,
     SshAuthFailed,
     SshFailure,
@@ -54,6 +55,7 @@ from agent_side.errors import (
     TargetUnreachable,
     UsageError,
 )
+from agent_side.known_hosts import KnownHosts
 
 DEFAULT_PORT = 22
 USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
@@ -245,21 +247,37 @@ def known_hosts_files(options: SshOptions) -> list[str]:
 
 
 class _RefuseUnknownHost(paramiko.RejectPolicy):
-    """Reject, like ``RejectPolicy``, with a message that says how to add the host."""
+    """Reject, like ``RejectPolicy``, with a message that says how to add the host, or that
+    its key was revoked (a revoked key is never trusted, so it always arrives here)."""
 
-    def __init__(self, endpoint: Endpoint, files: Sequence[str]) -> None:
+    def __init__(self, endpoint: Endpoint, files: Sequence[str], known: KnownHosts) -> None:
         self._endpoint = endpoint
         self._files = list(files)
+        self._known = known
 
     def missing_host_key(
         self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
     ) -> None:
         endpoint = self._endpoint
+        kind = key.get_name()
+        revoked_in = self._known.revoked_by(key)
+        if revoked_in is not None:
+            raise HostKeyRevoked(
+                f"{hostname} offered the {kind} key {key.fingerprint}, which {revoked_in} "
+                "marks @revoked; refusing to connect. Someone may be intercepting the "
+                "connection, or the host still has a key it should have replaced"
+            )
         port = "" if endpoint.port == DEFAULT_PORT else f"-p {endpoint.port} "
         checked = ", ".join(self._files) or "none exist"
-        kind = key.get_name()
+        authorities = ""
+        if self._known.authorities:
+            authorities = (
+                f" ({', '.join(dict.fromkeys(self._known.authorities))} trusts hosts by "
+                "@cert-authority, but paddock does not check host certificates: it needs "
+                "the host's own key)"
+            )
         raise HostKeyUnknown(
-            f"{hostname} is not a known host (known_hosts files checked: {checked}); "
+            f"{hostname} is not a known host (known_hosts files checked: {checked}){authorities}; "
             f"it offered the {kind} key {key.fingerprint}. Compare that fingerprint with "
             f"`ssh-keygen -lf {_host_key_file(kind)}` run on the target, then add it: "
             f"ssh-keyscan {port}-t {kind} {endpoint.hostname} >> ~/.ssh/known_hosts "
@@ -546,11 +564,11 @@ class SshConnection:
     def _connect(self) -> paramiko.SSHClient:
         endpoint, options = self.endpoint, self._options
         timeouts = options.timeouts
+        known = _read_known_hosts(self._known_hosts)
         sock = _tcp_connect(endpoint, timeouts)
         client = paramiko.SSHClient()
-        for path in self._known_hosts:
-            _load_known_hosts(client, path)
-        client.set_missing_host_key_policy(_RefuseUnknownHost(endpoint, self._known_hosts))
+        known.trust(client)
+        client.set_missing_host_key_policy(_RefuseUnknownHost(endpoint, self._known_hosts, known))
         with _agent(options.use_agent) as agent:
             keys = _Keys(endpoint, options, self._proven_key, agent)
             try:
@@ -644,12 +662,12 @@ def _tcp_connect(endpoint: Endpoint, timeouts: SshTimeouts) -> socket.socket:
     return sock
 
 
-def _load_known_hosts(client: paramiko.SSHClient, path: str) -> None:
+def _read_known_hosts(paths: Sequence[str]) -> KnownHosts:
+    # Read at every connection: a key added or revoked since counts at the next one.
     try:
-        # "system" keys are never written back; paddock never edits known_hosts.
-        client.load_system_host_keys(path)
+        return KnownHosts.read(paths)
     except OSError as exc:
-        raise UsageError(f"cannot read known_hosts file {path}: {exc.strerror}") from exc
+        raise UsageError(f"cannot read known_hosts file {exc.filename}: {exc.strerror}") from exc
 
 
 @contextlib.contextmanager

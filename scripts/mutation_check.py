@@ -1377,6 +1377,22 @@ MUTATIONS += (
         (f"{HOST_EDGES} -k can_never_enter_still_cannot_be_moved",),
     ),
     Mutation(
+        # A key listed plainly and marked @revoked: trusted anyway.
+        "revoked-host-key-trusted",
+        "agent_side/known_hosts.py",
+        "            if self.revoked_by(entry.key) is None:\n",
+        "            if True:\n",
+        ("tests/test_ssh.py -k revoked_host_key", "tests/test_ssh_units.py -k revoked"),
+    ),
+    Mutation(
+        # An @revoked line read as one more key to trust.
+        "revoked-line-taken-for-a-known-key",
+        "agent_side/known_hosts.py",
+        "        if marker == REVOKED:\n",
+        "        if False:\n",
+        ("tests/test_ssh.py -k revoked_host_key", "tests/test_ssh_units.py -k revoked"),
+    ),
+    Mutation(
         "scan-limit-ignored",
         "target_side/policy/protect.py",
         "        if visited > limit:",

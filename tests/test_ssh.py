@@ -196,6 +196,54 @@ def test_ssh_cli_key_not_authorized_is_auth_failed(
     assert str(stranger) in text and "authorized_keys" in text
 
 
+def test_ssh_cli_revoked_host_key_is_refused_even_where_it_is_also_known(
+    sshd, listener, home, tmp_path
+) -> None:
+    # OpenSSH refuses a key marked @revoked wherever else it is listed; the line must not
+    # be skipped as one paramiko cannot read (nor break the reading of the file).
+    known = sshd.write_known_hosts(tmp_path / "known_hosts")
+    kind, blob = known.read_text().split()[1:3]
+    with known.open("a") as lines:
+        lines.write(f"@revoked * {kind} {blob}\n")
+    result = paddock("run", *via_ssh(sshd, known, listener), "--", "true", home=home)
+    assert result.returncode == 125, result.stderr
+    text = result.stderr.decode()
+    assert "REVOKED" in text and "@revoked" in text and str(known) in text
+    assert BUILDER_TOKEN.encode() not in result.stderr + result.stdout
+
+
+def test_ssh_cli_reads_past_lines_it_does_not_trust_by(sshd, listener, home, tmp_path) -> None:
+    """A certificate authority (host certificates are not checked), another key revoked, a
+    line that is no key at all: the host's own key is still found and trusted."""
+    other = keygen(tmp_path / "other")
+    other_kind, other_blob = Path(f"{other}.pub").read_text().split()[:2]
+    known = tmp_path / "known_hosts"
+    known.write_text(
+        f"@cert-authority *.example.org {other_kind} {other_blob}\n"
+        f"@revoked * {other_kind} {other_blob}\n"
+        "not a key line\n"
+    )
+    with known.open("a") as lines:
+        lines.write(sshd.known_hosts_line())
+    result = paddock("run", *via_ssh(sshd, known, listener), "--", "echo", "in", home=home)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == b"in\n"
+
+
+def test_ssh_cli_host_trusted_only_by_a_certificate_authority_is_told_so(
+    sshd, listener, home, tmp_path
+) -> None:
+    authority = keygen(tmp_path / "authority")
+    kind, blob = Path(f"{authority}.pub").read_text().split()[:2]
+    known = tmp_path / "known_hosts"
+    known.write_text(f"@cert-authority * {kind} {blob}\n")
+    result = paddock("run", *via_ssh(sshd, known, listener), "--", "true", home=home)
+    assert result.returncode == 125
+    text = result.stderr.decode()
+    assert "host key unknown" in text
+    assert "@cert-authority" in text and "host certificates" in text
+
+
 def test_ssh_cli_no_sshd_listening_is_unreachable(sshd, known_hosts, listener, home) -> None:
     args = via_ssh(sshd, known_hosts, listener)
     args[1] = f"{sshd.user}@127.0.0.1:{free_port()}"

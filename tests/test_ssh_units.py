@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import re
+import subprocess
 from pathlib import Path
 
 import httpcore
 import httpx
+import paramiko
 import pytest
 
 from agent_side.errors import (
@@ -16,6 +19,7 @@ from agent_side.errors import (
     UsageError,
     map_transport_error,
 )
+from agent_side.known_hosts import KnownHosts
 from agent_side.ssh import Destination, SshOptions, known_hosts_files, resolve
 
 
@@ -118,3 +122,44 @@ def test_transport_error_only_raised_while_handling_an_agent_error_is_not_it() -
             raise httpx.ConnectError("refused") from None
     except httpx.ConnectError as exc:
         assert type(map_transport_error(exc, "http://127.0.0.1:1/")) is TargetUnreachable
+
+
+def _public_line(tmp_path: Path, name: str) -> tuple[str, str]:
+    key = tmp_path / name
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    kind, blob = (tmp_path / f"{name}.pub").read_text().split()[:2]
+    return kind, blob
+
+
+def test_known_hosts_are_read_as_openssh_writes_them(tmp_path: Path) -> None:
+    """Blanks of any kind between fields, hashed host names, comments, lines of no key."""
+    kind, blob = _public_line(tmp_path, "host")
+    other_kind, other_blob = _public_line(tmp_path, "other")
+    hashed = tmp_path / "hashed"
+    hashed.write_text(f"[127.0.0.1]:2222 {other_kind} {other_blob}\n")
+    subprocess.run(["ssh-keygen", "-q", "-H", "-f", str(hashed)], check=True, capture_output=True)
+    known = tmp_path / "known_hosts"
+    known.write_text(
+        "# a comment\n\n"
+        f"host.example\t{kind}   {blob} a comment after the key\n"
+        "garbage that is no key\n"
+        f"@unknown-marker * {kind} {blob}\n" + hashed.read_text()
+    )
+    client = paramiko.SSHClient()
+    KnownHosts.read([str(known)]).trust(client)
+    keys = client.get_host_keys()
+    assert keys.lookup("host.example")[kind].get_base64() == blob
+    assert keys.lookup("[127.0.0.1]:2222")[other_kind].get_base64() == other_blob
+    assert keys.lookup("elsewhere") is None
+
+
+def test_a_revoked_key_is_trusted_for_no_host(tmp_path: Path) -> None:
+    kind, blob = _public_line(tmp_path, "host")
+    known = tmp_path / "known_hosts"
+    known.write_text(f"host.example {kind} {blob}\n@revoked\tnowhere.example {kind} {blob}\n")
+    hosts = KnownHosts.read([str(known)])
+    client = paramiko.SSHClient()
+    hosts.trust(client)
+    assert client.get_host_keys().lookup("host.example") is None
+    key = paramiko.Ed25519Key(data=base64.b64decode(blob))
+    assert hosts.revoked_by(key) == str(known)
