@@ -40,6 +40,7 @@ from agent_side.errors import (
     AuthRejected,
     ConnectionDropped,
     HostKeyChanged,
+    HostKeyRevoked,
     HostKeyUnknown,
     ProtocolError,
     SshAuthFailed,
@@ -234,7 +235,7 @@ def _check_tokens(entry: StoredTarget, client: Any, seen: Observation, ssh_login
 def _classify(exc: AgentError, seen: Observation) -> None:
     """The cause ``exc`` speaks to, and what it proves besides (a refusal: the host answered)."""
     detail = str(exc)
-    if isinstance(exc, HostKeyUnknown | HostKeyChanged):
+    if isinstance(exc, HostKeyUnknown | HostKeyChanged | HostKeyRevoked):
         seen.recover("reached")
         seen.fail("tls", detail)
     elif isinstance(exc, SshAuthFailed):
