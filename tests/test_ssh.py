@@ -170,14 +170,23 @@ def test_ssh_cli_unknown_host_is_refused_saying_how_to_add_it(sshd, listener, ho
     assert BUILDER_TOKEN.encode() not in result.stderr + result.stdout
 
 
+def _key_of(path: Path) -> str:
+    """A new key's ``TYPE BLOB``, as a known_hosts line holds it."""
+    return " ".join(Path(f"{keygen(path)}.pub").read_text().split()[:2])
+
+
+def _refused_by(sshd: Sshd, known: Path, listener: Listener, home: Path) -> str:
+    """What ``paddock run --ssh`` says, trusting ``known`` alone, as it exits 125."""
+    result = paddock("run", *via_ssh(sshd, known, listener), "--", "true", home=home)
+    assert result.returncode == 125, result.stderr
+    assert BUILDER_TOKEN.encode() not in result.stderr + result.stdout
+    return result.stderr.decode()
+
+
 def test_ssh_cli_changed_host_key_is_refused_loudly(sshd, listener, home, tmp_path) -> None:
-    impostor = keygen(tmp_path / "impostor")
-    kind, blob = Path(f"{impostor}.pub").read_text().split()[:2]
     stale = tmp_path / "known_hosts"
-    stale.write_text(f"[127.0.0.1]:{sshd.port} {kind} {blob}\n")
-    result = paddock("run", *via_ssh(sshd, stale, listener), "--", "true", home=home)
-    assert result.returncode == 125
-    text = result.stderr.decode()
+    stale.write_text(f"[127.0.0.1]:{sshd.port} {_key_of(tmp_path / 'impostor')}\n")
+    text = _refused_by(sshd, stale, listener, home)
     assert "SSH HOST KEY CHANGED" in text
     assert "has CHANGED" in text and "intercepting" in text
     assert f"ssh-keygen -R '[127.0.0.1]:{sshd.port}'" in text
@@ -202,27 +211,18 @@ def test_ssh_cli_revoked_host_key_is_refused_even_where_it_is_also_known(
     # OpenSSH refuses a key marked @revoked wherever else it is listed; the line must not
     # be skipped as one paramiko cannot read (nor break the reading of the file).
     known = sshd.write_known_hosts(tmp_path / "known_hosts")
-    kind, blob = known.read_text().split()[1:3]
     with known.open("a") as lines:
-        lines.write(f"@revoked * {kind} {blob}\n")
-    result = paddock("run", *via_ssh(sshd, known, listener), "--", "true", home=home)
-    assert result.returncode == 125, result.stderr
-    text = result.stderr.decode()
+        lines.write(f"@revoked * {sshd.host_public_key}\n")
+    text = _refused_by(sshd, known, listener, home)
     assert "REVOKED" in text and "@revoked" in text and str(known) in text
-    assert BUILDER_TOKEN.encode() not in result.stderr + result.stdout
 
 
 def test_ssh_cli_reads_past_lines_it_does_not_trust_by(sshd, listener, home, tmp_path) -> None:
     """A certificate authority (host certificates are not checked), another key revoked, a
     line that is no key at all: the host's own key is still found and trusted."""
-    other = keygen(tmp_path / "other")
-    other_kind, other_blob = Path(f"{other}.pub").read_text().split()[:2]
+    other = _key_of(tmp_path / "other")
     known = tmp_path / "known_hosts"
-    known.write_text(
-        f"@cert-authority *.example.org {other_kind} {other_blob}\n"
-        f"@revoked * {other_kind} {other_blob}\n"
-        "not a key line\n"
-    )
+    known.write_text(f"@cert-authority *.example.org {other}\n@revoked * {other}\nnot a key\n")
     with known.open("a") as lines:
         lines.write(sshd.known_hosts_line())
     result = paddock("run", *via_ssh(sshd, known, listener), "--", "echo", "in", home=home)
@@ -233,13 +233,9 @@ def test_ssh_cli_reads_past_lines_it_does_not_trust_by(sshd, listener, home, tmp
 def test_ssh_cli_host_trusted_only_by_a_certificate_authority_is_told_so(
     sshd, listener, home, tmp_path
 ) -> None:
-    authority = keygen(tmp_path / "authority")
-    kind, blob = Path(f"{authority}.pub").read_text().split()[:2]
     known = tmp_path / "known_hosts"
-    known.write_text(f"@cert-authority * {kind} {blob}\n")
-    result = paddock("run", *via_ssh(sshd, known, listener), "--", "true", home=home)
-    assert result.returncode == 125
-    text = result.stderr.decode()
+    known.write_text(f"@cert-authority * {_key_of(tmp_path / 'authority')}\n")
+    text = _refused_by(sshd, known, listener, home)
     assert "host key unknown" in text
     assert "@cert-authority" in text and "host certificates" in text
 
