@@ -1393,6 +1393,14 @@ MUTATIONS += (
         ("tests/test_ssh.py -k revoked_host_key", "tests/test_ssh_units.py -k revoked"),
     ),
     Mutation(
+        # cgroup v1 kills one process at the memory limit; the turn's shell carries on.
+        "oom-ends-one-process-under-v1",
+        "target_side/fence/runner.py",
+        "        if limits is not None and limits.oom_alarm is not None:\n            # An OOM",
+        "        if False:\n            # An OOM",
+        ("tests/test_limits.py -k oom_kill_ends_the_whole_turn",),
+    ),
+    Mutation(
         "scan-limit-ignored",
         "target_side/policy/protect.py",
         "        if visited > limit:",

@@ -95,6 +95,17 @@ def test_memory_hog_is_oom_killed_with_137(client: httpx.Client) -> None:
     assert turn.usage.max_rss_kb <= 64 * 1024
 
 
+def test_an_oom_kill_ends_the_whole_turn_not_one_process(client: httpx.Client) -> None:
+    """cgroup v2 ends the whole turn at its memory limit; v1 killed the one process and let
+    the shell that started it carry on, reporting whatever it liked."""
+    script = f'python3 -c "{HOG}"; echo carried on; exit 0'
+    turn, evs = run(client, ["sh", "-c", script], limits={"memory_mb": 64})
+    assert "carried on" not in output(evs)
+    assert (turn.exit_code, turn.signal) == (137, 9)
+    notices = [e.message for e in evs if e.kind == "notice"]
+    assert any("out of memory" in n for n in notices), notices
+
+
 def test_output_flood_is_cut_at_its_limit_and_a_concurrent_turn_carries_on(
     client: httpx.Client, target: Target
 ) -> None:

@@ -20,8 +20,9 @@ every process of the command is born inside the limits.
 What each way really guarantees (also what ``GET /v1/health`` says):
 
 - cgroup (v2 or v1), per turn: ``memory.max`` / ``memory.limit_in_bytes`` bound
-  the memory of all the turn's processes together (swap too), and the kernel
-  OOM-kills inside the turn when it is exceeded; ``pids.max`` bounds how many
+  the memory of all the turn's processes together (swap too); at the bound the
+  whole turn is killed (v2's ``memory.oom.group``; under v1, where the kernel
+  kills one process, by the runner on the cgroup's OOM event); ``pids.max`` bounds how many
   processes and threads exist at once; ``cpu.max`` / ``cpu.cfs_quota_us``
   bound CPU time per period to ``cpu`` CPUs.
 - rlimit fallback: ``RLIMIT_AS`` bounds each process's *address space*, not
@@ -322,6 +323,11 @@ class TurnLimits:
     slot: Slot | None = None
     """What waits in these cgroups to start the turn's first process: a thread of the
     server's settled there, or a process the launcher forked into them."""
+    oom_alarm: int | None = None
+    """An eventfd the kernel signals when it OOM-kills in the turn's cgroup v1 memory
+    cgroup, armed before anything runs there. v2 ends the whole turn by itself
+    (``memory.oom.group``); v1 kills one process and lets the rest run on, so the
+    turn's runner ends the turn when this fires, and v1 ends a turn as v2 does."""
 
     @property
     def born_inside(self) -> bool:
@@ -351,6 +357,8 @@ class TurnLimits:
         seats = self.slot.seats if self.slot is not None else 0
         for name, value in _settings(hierarchy, self.limits, seats):
             _write(path / name, value, optional=name in _OPTIONAL)
+        if hierarchy.version == 1 and "memory" in hierarchy.controllers and self.oom_alarm is None:
+            self.oom_alarm = _oom_eventfd(path)
 
     def place(self, pid: int) -> None:
         """Put ``pid`` (bubblewrap's sandbox process, still blocked) into the turn's cgroups.
@@ -391,6 +399,12 @@ class TurnLimits:
             _read_usage(path, hierarchy, found)
         return found
 
+    def close_oom_alarm(self) -> None:
+        """Close ``oom_alarm`` (before the cgroup goes: its removal would signal it too)."""
+        alarm, self.oom_alarm = self.oom_alarm, None
+        if alarm is not None:
+            os.close(alarm)
+
     def kill(self) -> None:
         """SIGKILL what is left in the turn's cgroups: the backstop to the pid-namespace kill."""
         for path, hierarchy in self.dirs.items():
@@ -406,6 +420,7 @@ class TurnLimits:
         most times and several milliseconds one time in ten, which on the event loop
         held up every other turn's stream (a millisecond a turn, on average).
         """
+        self.close_oom_alarm()
         slot = self.slot
         for _ in range(REMOVE_TRIES):
             if await asyncio.to_thread(self._removed_after, slot):
@@ -417,6 +432,7 @@ class TurnLimits:
 
     def remove_now(self) -> None:
         """Remove without waiting (nothing was ever placed in them but a worker, sent away)."""
+        self.close_oom_alarm()
         if self.slot is not None:
             send_away(self.slot, list(self.dirs))
             self.dirs.clear()
@@ -508,6 +524,22 @@ def _total_settings(hierarchy: Hierarchy, totals: Totals) -> list[tuple[str, str
     if "pids" in has and pids is not None:
         found.append(("pids.max", pids))
     return found
+
+
+def _oom_eventfd(path: Path) -> int | None:
+    alarm = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+    try:
+        control = os.open(path / "memory.oom_control", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            # The kernel keeps the eventfd from here; the control file only names the event.
+            write_control(path / "cgroup.event_control", f"{alarm} {control}")
+        finally:
+            os.close(control)
+    except OSError as exc:
+        os.close(alarm)
+        log.debug("no OOM alarm for %s: %s", path, exc)
+        return None
+    return alarm
 
 
 def _read_usage(path: Path, hierarchy: Hierarchy, found: Usage) -> None:

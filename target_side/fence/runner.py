@@ -172,6 +172,8 @@ class RunningTurn:
         self._truncated = False
         self._started_at = proc.started_at
         """From bubblewrap's start: its gate may have opened before the loop got here."""
+        self._out_of_memory_ended = False
+        self._watch_oom()
         self._status_task = asyncio.create_task(self._read_status())
         # Opened now, not when the turn is followed: keystrokes may come before that.
         self._terminal_task = (
@@ -207,6 +209,7 @@ class RunningTurn:
             await self._proc.wait()
             await self._drained(pumps)
         finally:
+            self._unwatch_oom()
             self._close_gate()
             self._close_terminal()
             self._proc.release()
@@ -262,12 +265,32 @@ class RunningTurn:
             return Usage()
         usage = limits.usage()
         if usage.oom_kills:
+            rest = "; the target ended the rest of it" if self._out_of_memory_ended else ""
             self._emit(
                 "notice",
                 message=f"out of memory: the kernel killed {usage.oom_kills} "
-                f"process(es) of the turn at its memory limit",
+                f"process(es) of the turn at its memory limit{rest}",
             )
         return usage
+
+    def _watch_oom(self) -> None:
+        limits = self._gate.limits
+        if limits is not None and limits.oom_alarm is not None:
+            # An OOM kill before now left the alarm set: the reader runs at once.
+            asyncio.get_running_loop().add_reader(limits.oom_alarm, self._out_of_memory)
+
+    def _out_of_memory(self) -> None:
+        """The kernel OOM-killed a process of the turn (cgroup v1): the whole turn ends, as
+        v2's ``memory.oom.group`` ends it, not the one process with the rest running on."""
+        self._unwatch_oom()
+        self._out_of_memory_ended = True
+        self.kill()
+
+    def _unwatch_oom(self) -> None:
+        limits = self._gate.limits
+        if limits is not None and limits.oom_alarm is not None:
+            asyncio.get_running_loop().remove_reader(limits.oom_alarm)
+            limits.close_oom_alarm()
 
     async def cleanup(self) -> None:
         """Remove the turn's cgroups (once ``wait`` returned; its end need not wait for this)."""
