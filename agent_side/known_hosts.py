@@ -5,6 +5,9 @@ stops its reader with an exception, and a key marked ``@revoked`` would be
 trusted wherever it is also listed plainly. So the lines are sorted here:
 
 - a plain line is handed to paramiko, whose matching (hashed names too) decides;
+  one with patterns (``*``, ``?``, ``!`` to exclude), which paramiko does not
+  match, is matched here against the host being connected to, as OpenSSH
+  matches it, and handed over under that host's name if it matches;
 - ``@revoked HOSTS TYPE KEY``: that key is refused, for every host (OpenSSH
   looks at the line's hosts too; refusing a revoked key everywhere only ever
   refuses more), and it is not trusted by any other line;
@@ -15,6 +18,7 @@ trusted wherever it is also listed plainly. So the lines are sorted here:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -46,13 +50,18 @@ class KnownHosts:
                     known._take(line.strip(), path)
         return known
 
-    def trust(self, client: paramiko.SSHClient) -> None:
-        """Make ``client`` trust every host key listed and not revoked."""
+    def trust(self, client: paramiko.SSHClient, host: str) -> None:
+        """Make ``client`` trust every host key listed and not revoked, to connect to
+        ``host`` (as known_hosts names it: ``[name]:port`` off port 22)."""
         keys = client.get_host_keys()
         for entry in self.entries:
-            if self.revoked_by(entry.key) is None:
-                for name in entry.hostnames:
-                    keys.add(name, entry.key.get_name(), entry.key)
+            if self.revoked_by(entry.key) is not None:
+                continue
+            names = [n for n in entry.hostnames if not _is_pattern(n)]
+            if len(names) < len(entry.hostnames) and _matches(entry.hostnames, host):
+                names.append(host)
+            for name in names:
+                keys.add(name, entry.key.get_name(), entry.key)
 
     def revoked_by(self, key: paramiko.PKey) -> str | None:
         """The file that revoked ``key``, if one did."""
@@ -73,6 +82,29 @@ class KnownHosts:
             self.revoked.setdefault(entry.key.asbytes(), path)
         else:
             self.entries.append(entry)
+
+
+def _is_pattern(name: str) -> bool:
+    return name.startswith("!") or "*" in name or "?" in name
+
+
+def _matches(patterns: list[str], host: str) -> bool:
+    """Whether ``host`` is one a known_hosts line's host field names: a pattern (or name)
+    matches it, and no ``!`` pattern does. Names compare without case."""
+    matched = False
+    for pattern in patterns:
+        negated = pattern.startswith("!")
+        if _pattern_regex(pattern.removeprefix("!")).fullmatch(host.lower()):
+            if negated:
+                return False
+            matched = True
+    return matched
+
+
+def _pattern_regex(pattern: str) -> re.Pattern[str]:
+    # Only * and ? are special (not fnmatch's [ ]: "[host]:port" is a literal name).
+    literal = re.escape(pattern.lower())
+    return re.compile(literal.replace(r"\*", ".*").replace(r"\?", "."))
 
 
 def _entry(line: str) -> HostKeyEntry | None:

@@ -567,7 +567,7 @@ class SshConnection:
         known = _read_known_hosts(self._known_hosts)
         sock = _tcp_connect(endpoint, timeouts)
         client = paramiko.SSHClient()
-        known.trust(client)
+        known.trust(client, endpoint.known_hosts_name)
         client.set_missing_host_key_policy(_RefuseUnknownHost(endpoint, self._known_hosts, known))
         with _agent(options.use_agent) as agent:
             keys = _Keys(endpoint, options, self._proven_key, agent)

@@ -1380,9 +1380,17 @@ MUTATIONS += (
         # A key listed plainly and marked @revoked: trusted anyway.
         "revoked-host-key-trusted",
         "agent_side/known_hosts.py",
-        "            if self.revoked_by(entry.key) is None:\n",
-        "            if True:\n",
+        "            if self.revoked_by(entry.key) is not None:\n                continue\n",
+        "            if False:\n                continue\n",
         ("tests/test_ssh.py -k revoked_host_key", "tests/test_ssh_units.py -k revoked"),
+    ),
+    Mutation(
+        # "*.example.org,!bad.example.org": bad.example.org trusted all the same.
+        "known-hosts-negation-ignored",
+        "agent_side/known_hosts.py",
+        "            if negated:\n                return False\n",
+        "            if False:\n                return False\n",
+        ("tests/test_ssh_units.py -k patterns_match",),
     ),
     Mutation(
         # An @revoked line read as one more key to trust.

@@ -146,11 +146,35 @@ def test_known_hosts_are_read_as_openssh_writes_them(tmp_path: Path) -> None:
         f"@unknown-marker * {kind} {blob}\n" + hashed.read_text()
     )
     client = paramiko.SSHClient()
-    KnownHosts.read([str(known)]).trust(client)
+    KnownHosts.read([str(known)]).trust(client, "[127.0.0.1]:2222")
     keys = client.get_host_keys()
     assert keys.lookup("host.example")[kind].get_base64() == blob
     assert keys.lookup("[127.0.0.1]:2222")[other_kind].get_base64() == other_blob
     assert keys.lookup("elsewhere") is None
+
+
+@pytest.mark.parametrize(
+    ("hosts", "connecting_to", "trusted"),
+    [
+        ("*.example.org", "build.example.org", True),
+        ("*.example.org", "example.org", False),
+        ("*.example.org,!bad.example.org", "bad.example.org", False),
+        ("*.example.org,!bad.example.org", "BUILD.example.org", True),
+        ("[127.0.0.1]:*", "[127.0.0.1]:2222", True),
+        ("[127.0.0.1]:*", "127.0.0.1", False),
+        ("build-?.example.org", "build-1.example.org", True),
+        ("[ab]c", "ac", False),  # brackets are literal, not a character class
+    ],
+)
+def test_known_hosts_patterns_match_as_openssh_matches_them(
+    tmp_path: Path, hosts: str, connecting_to: str, trusted: bool
+) -> None:
+    kind, blob = _public_line(tmp_path, "host")
+    known = tmp_path / "known_hosts"
+    known.write_text(f"{hosts} {kind} {blob}\n")
+    client = paramiko.SSHClient()
+    KnownHosts.read([str(known)]).trust(client, connecting_to)
+    assert (client.get_host_keys().lookup(connecting_to) is not None) is trusted
 
 
 def test_a_revoked_key_is_trusted_for_no_host(tmp_path: Path) -> None:
@@ -159,7 +183,7 @@ def test_a_revoked_key_is_trusted_for_no_host(tmp_path: Path) -> None:
     known.write_text(f"host.example {kind} {blob}\n@revoked\tnowhere.example {kind} {blob}\n")
     hosts = KnownHosts.read([str(known)])
     client = paramiko.SSHClient()
-    hosts.trust(client)
+    hosts.trust(client, "host.example")
     assert client.get_host_keys().lookup("host.example") is None
     key = paramiko.Ed25519Key(data=base64.b64decode(blob))
     assert hosts.revoked_by(key) == str(known)
