@@ -8,8 +8,9 @@
 
 Trust is OpenSSH's: the server's host key must already be in a known_hosts file
 (``~/.ssh/known_hosts``, ``/etc/ssh/ssh_known_hosts``, and any given with
-``--known-hosts``). An unknown host is refused with the command that adds it;
-a changed key is refused loudly. Nothing is ever added to known_hosts.
+``--known-hosts``), read as OpenSSH reads them (``agent_side.known_hosts``).
+An unknown host is refused with the command that adds it; a changed key, or
+one marked ``@revoked``, is refused loudly. Nothing is ever added to known_hosts.
 
 Keys are offered in this order: identity files that need no passphrase (``-i``,
 else ``IdentityFile`` from ~/.ssh/config, else ``~/.ssh/id_*``), then the SSH
