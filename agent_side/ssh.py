@@ -261,13 +261,9 @@ class _RefuseUnknownHost(paramiko.RejectPolicy):
     ) -> None:
         endpoint = self._endpoint
         kind = key.get_name()
-        revoked_in = self._known.revoked_by(key)
-        if revoked_in is not None:
-            raise HostKeyRevoked(
-                f"{hostname} offered the {kind} key {key.fingerprint}, which {revoked_in} "
-                "marks @revoked; refusing to connect. Someone may be intercepting the "
-                "connection, or the host still has a key it should have replaced"
-            )
+        revoked = _revoked(self._known, hostname, key)
+        if revoked is not None:
+            raise revoked
         port = "" if endpoint.port == DEFAULT_PORT else f"-p {endpoint.port} "
         checked = ", ".join(self._files) or "none exist"
         authorities = ""
@@ -284,6 +280,18 @@ class _RefuseUnknownHost(paramiko.RejectPolicy):
             f"ssh-keyscan {port}-t {kind} {endpoint.hostname} >> ~/.ssh/known_hosts "
             "(or append to a file given with --known-hosts)"
         )
+
+
+def _revoked(known: KnownHosts, hostname: str, key: paramiko.PKey) -> HostKeyRevoked | None:
+    """The refusal of ``key`` if a known_hosts file revoked it (whatever else it lists)."""
+    revoked_in = known.revoked_by(key)
+    if revoked_in is None:
+        return None
+    return HostKeyRevoked(
+        f"{hostname} offered the {key.get_name()} key {key.fingerprint}, which {revoked_in} "
+        "marks @revoked; refusing to connect. Someone may be intercepting the "
+        "connection, or the host still has a key it should have replaced"
+    )
 
 
 def _host_key_file(key_type: str) -> str:
@@ -593,7 +601,7 @@ class SshConnection:
             except Exception as exc:
                 client.close()
                 sock.close()
-                mapped = self._mapped(exc, keys)
+                mapped = self._mapped(exc, keys, known)
                 if mapped is exc:
                     raise
                 raise mapped from exc
@@ -613,10 +621,12 @@ class SshConnection:
         if isinstance(pkey, paramiko.PKey) and not isinstance(pkey, paramiko.AgentKey):
             self._proven_key = pkey
 
-    def _mapped(self, exc: Exception, keys: _Keys) -> Exception:
+    def _mapped(self, exc: Exception, keys: _Keys, known: KnownHosts) -> Exception:
         endpoint = self.endpoint
         if isinstance(exc, paramiko.BadHostKeyException):
-            return _changed_key(endpoint, self._known_hosts, exc)
+            # Another key of its type is listed: if the one offered is revoked, say that.
+            revoked = _revoked(known, endpoint.known_hosts_name, exc.key)
+            return revoked or _changed_key(endpoint, self._known_hosts, exc)
         if isinstance(exc, paramiko.AuthenticationException):
             return _auth_failed(endpoint, keys, exc)
         if isinstance(exc, paramiko.SSHException | EOFError | OSError):

@@ -1382,7 +1382,10 @@ MUTATIONS += (
         "agent_side/known_hosts.py",
         "            if self.revoked_by(entry.key) is not None:\n                continue\n",
         "            if False:\n                continue\n",
-        ("tests/test_ssh.py -k revoked_host_key", "tests/test_ssh_units.py -k revoked"),
+        (
+            "tests/test_ssh.py -k revoked_host_key and its_own_key",
+            "tests/test_ssh_units.py -k revoked",
+        ),
     ),
     Mutation(
         # "*.example.org,!bad.example.org": bad.example.org trusted all the same.
@@ -1398,7 +1401,10 @@ MUTATIONS += (
         "agent_side/known_hosts.py",
         "        if marker == REVOKED:\n",
         "        if False:\n",
-        ("tests/test_ssh.py -k revoked_host_key", "tests/test_ssh_units.py -k revoked"),
+        (
+            "tests/test_ssh.py -k revoked_host_key and its_own_key",
+            "tests/test_ssh_units.py -k revoked",
+        ),
     ),
     Mutation(
         # cgroup v1 kills one process at the memory limit; the turn's shell carries on.

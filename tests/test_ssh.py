@@ -205,14 +205,15 @@ def test_ssh_cli_key_not_authorized_is_auth_failed(
     assert str(stranger) in text and "authorized_keys" in text
 
 
-def test_ssh_cli_revoked_host_key_is_refused_even_where_it_is_also_known(
-    sshd, listener, home, tmp_path
+@pytest.mark.parametrize("listed", ["its_own_key", "another_key"])
+def test_ssh_cli_revoked_host_key_is_refused_whatever_else_is_listed(
+    sshd, listener, home, tmp_path, listed
 ) -> None:
     # OpenSSH refuses a key marked @revoked wherever else it is listed; the line must not
     # be skipped as one paramiko cannot read (nor break the reading of the file).
-    known = sshd.write_known_hosts(tmp_path / "known_hosts")
-    with known.open("a") as lines:
-        lines.write(f"@revoked * {sshd.host_public_key}\n")
+    key = sshd.host_public_key if listed == "its_own_key" else _key_of(tmp_path / "other")
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{sshd.port} {key}\n@revoked * {sshd.host_public_key}\n")
     text = _refused_by(sshd, known, listener, home)
     assert "REVOKED" in text and "@revoked" in text and str(known) in text
 
