@@ -399,6 +399,19 @@ class TurnLimits:
             _read_usage(path, hierarchy, found)
         return found
 
+    def alarm_was_oom(self) -> bool:
+        """Whether ``oom_alarm`` rang for an OOM kill: the kernel also rings it when the
+        cgroup is removed (here, by someone else, while the turn starts), and then there
+        is no cgroup left to read."""
+        for path, hierarchy in self.dirs.items():
+            if hierarchy.version == 1 and "memory" in hierarchy.controllers:
+                try:
+                    read_control(path / "memory.oom_control")
+                except OSError:
+                    return False
+                return True
+        return False
+
     def close_oom_alarm(self) -> None:
         """Close ``oom_alarm`` (before the cgroup goes: its removal would signal it too)."""
         alarm, self.oom_alarm = self.oom_alarm, None

@@ -282,9 +282,12 @@ class RunningTurn:
     def _out_of_memory(self) -> None:
         """The kernel OOM-killed a process of the turn (cgroup v1): the whole turn ends, as
         v2's ``memory.oom.group`` ends it, not the one process with the rest running on."""
+        limits = self._gate.limits
+        was_oom = limits is not None and limits.alarm_was_oom()
         self._unwatch_oom()
-        self._out_of_memory_ended = True
-        self.kill()
+        if was_oom:
+            self._out_of_memory_ended = True
+            self.kill()
 
     def _unwatch_oom(self) -> None:
         limits = self._gate.limits
