@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -527,7 +526,6 @@ def test_a_repository_the_role_could_open_but_may_not_search_is_refused(
     assert not (hooks / "pre-commit").exists()
 
 
-@pytest.mark.skipif(shutil.which("setfacl") is None, reason="needs setfacl (Debian: acl)")
 def test_a_repository_an_acl_opens_to_the_role_keeps_its_hooks_read_only(
     c: httpx.Client, edges: Target, ws: Path
 ) -> None:
