@@ -357,7 +357,7 @@ class TurnLimits:
         seats = self.slot.seats if self.slot is not None else 0
         for name, value in _settings(hierarchy, self.limits, seats):
             _write(path / name, value, optional=name in _OPTIONAL)
-        if hierarchy.version == 1 and "memory" in hierarchy.controllers and self.oom_alarm is None:
+        if _v1_memory(hierarchy) and self.oom_alarm is None:
             self.oom_alarm = _oom_eventfd(path)
 
     def place(self, pid: int) -> None:
@@ -403,14 +403,11 @@ class TurnLimits:
         """Whether ``oom_alarm`` rang for an OOM kill: the kernel also rings it when the
         cgroup is removed (here, by someone else, while the turn starts), and then there
         is no cgroup left to read."""
-        for path, hierarchy in self.dirs.items():
-            if hierarchy.version == 1 and "memory" in hierarchy.controllers:
-                try:
-                    read_control(path / "memory.oom_control")
-                except OSError:
-                    return False
-                return True
-        return False
+        cgroup = next((p for p, h in self.dirs.items() if _v1_memory(h)), None)
+        try:
+            return cgroup is not None and bool(read_control(cgroup / "memory.oom_control"))
+        except OSError:
+            return False
 
     def close_oom_alarm(self) -> None:
         """Close ``oom_alarm`` (before the cgroup goes: its removal would signal it too)."""
@@ -537,6 +534,11 @@ def _total_settings(hierarchy: Hierarchy, totals: Totals) -> list[tuple[str, str
     if "pids" in has and pids is not None:
         found.append(("pids.max", pids))
     return found
+
+
+def _v1_memory(hierarchy: Hierarchy) -> bool:
+    """Whether ``hierarchy`` is cgroup v1's memory controller (where the OOM alarm is armed)."""
+    return hierarchy.version == 1 and "memory" in hierarchy.controllers
 
 
 def _oom_eventfd(path: Path) -> int | None:
