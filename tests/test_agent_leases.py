@@ -180,8 +180,10 @@ def test_python_lease_is_renewed_while_a_long_turn_runs(target: Target) -> None:
         _api(target) as api,
         TargetClient(target.url, BUILDER_TOKEN, cacert=target.cacert) as rival,
     ):
-        with api.lease(seat, ttl_s=1.5) as held:
-            long = api.run(["sh", "-c", f"sleep 4; {SHOW}"])
+        # A ttl of 3 s, renewed each second: 1.5 s was outlasted once by a loaded machine
+        # stalling the renewing thread before its first renewal.
+        with api.lease(seat, ttl_s=3) as held:
+            long = api.run(["sh", "-c", f"sleep 7; {SHOW}"])
             assert (long.exit_code, long.stdout) == (0, f"{seat} 1\n".encode())
             assert held.renewals >= 2 and held.held
             # Still its seat after the turn outlived the ttl twice over: no one else gets it.
