@@ -1415,6 +1415,35 @@ MUTATIONS += (
         ("tests/test_limits.py -k oom_kill_ends_the_whole_turn",),
     ),
     Mutation(
+        # A caller cancelled mid-start left the fence running unwatched and the turn unended.
+        "cancelled-submit-abandons-its-turn",
+        "target_side/service/turns.py",
+        "        return await asyncio.shield(task)",
+        "        return await task",
+        ("tests/test_cancelled_start.py -k cancelled_is_followed",),
+    ),
+    Mutation(
+        "stopping-target-leaves-starting-turns-behind",
+        "target_side/service/turns.py",
+        "            await asyncio.wait(set(self._starting), timeout=KILL_WAIT_S)",
+        "            pass",
+        ("tests/test_cancelled_start.py -k target_stops",),
+    ),
+    Mutation(
+        "unfollowed-spawn-left-running",
+        "target_side/fence/identity.py",
+        "            self.worker.spawned.add_done_callback(self._unfollowed)",
+        "            pass",
+        ("tests/test_cancelled_start.py -k before_it_is_handed_over",),
+    ),
+    Mutation(
+        "spawn-failing-to-connect-left-running",
+        "target_side/fence/identity.py",
+        "        except BaseException:\n            self._end(process)",
+        "        except BaseException:\n            pass",
+        ("tests/test_cancelled_start.py -k while_its_pipes_connect",),
+    ),
+    Mutation(
         "scan-limit-ignored",
         "target_side/policy/protect.py",
         "        if visited > limit:",

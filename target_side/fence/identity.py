@@ -282,9 +282,35 @@ class Spawning:
 
     async def process(self) -> LocalProcess:
         """The started process, its pipes connected to the running loop (or the error
-        starting it raised)."""
-        process = await self.worker.spawned
-        return await LocalProcess.started(process, self.worker, self.began, self.pidfd, self.watch)
+        starting it raised). Cancelled, nobody follows it: it is killed once it is there."""
+        try:
+            process = await asyncio.shield(self.worker.spawned)
+        except asyncio.CancelledError:
+            self.worker.spawned.add_done_callback(self._unfollowed)
+            raise
+        try:
+            return await LocalProcess.started(
+                process, self.worker, self.began, self.pidfd, self.watch
+            )
+        except BaseException:
+            self._end(process)
+            raise
+
+    def _unfollowed(self, spawned: asyncio.Future[subprocess.Popen[bytes]]) -> None:
+        if not spawned.cancelled() and spawned.exception() is None:
+            self._end(spawned.result())
+
+    def _end(self, process: subprocess.Popen[bytes]) -> None:
+        """``process`` killed (its sandbox with it, ``--die-with-parent``), and what this
+        side held of it closed: nothing would ever read its pipes, or wait for it."""
+        pidfd, self.pidfd = self.pidfd, None
+        if pidfd is not None:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            os.close(pidfd)
+        for pipe in (process.stdin, process.stdout, process.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 def as_ids_prefix(uid: int, gid: int) -> tuple[str, ...]:
@@ -368,25 +394,35 @@ class LocalProcess:
         pidfd: int | None,
         watch: StartWatch | None = None,
     ) -> LocalProcess:
-        """``process``, its pipes connected to the running loop."""
+        """``process``, its pipes connected to the running loop (on failure, none is)."""
         this = cls(process, worker, started_at, pidfd, watch)
+        try:
+            await this._connect(process)
+        except BaseException:
+            # Off the loop before the caller closes the pipes: a closed descriptor's number,
+            # reused, would otherwise be watched for a transport that is gone.
+            for transport in (*this._pipes, *([this.stdin.transport] if this.stdin else [])):
+                transport.close()
+            raise
+        return this
+
+    async def _connect(self, process: subprocess.Popen[bytes]) -> None:
         loop = asyncio.get_running_loop()
         for pipe in (process.stdout, process.stderr):
             if pipe is not None:
                 pipes.widen(pipe.fileno())
         if process.stdin is not None:
             transport, protocol = await loop.connect_write_pipe(WriteProtocol, process.stdin)
-            this.stdin = asyncio.StreamWriter(transport, protocol, None, loop)
+            self.stdin = asyncio.StreamWriter(transport, protocol, None, loop)
         readers: list[asyncio.StreamReader | None] = []
         for pipe in (process.stdout, process.stderr):
             if pipe is None:  # a terminal turn: its output is the pty's
                 readers.append(None)
                 continue
             reader, read_end = await pipes.read_end(pipe)
-            this._pipes.append(read_end)
+            self._pipes.append(read_end)
             readers.append(reader)
-        this.stdout, this.stderr = readers
-        return this
+        self.stdout, self.stderr = readers
 
     @property
     def returncode(self) -> int | None:

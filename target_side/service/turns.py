@@ -29,7 +29,7 @@ import signal
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -216,6 +216,8 @@ class TurnManager:
         """Turns handed to the planning threads and not yet back."""
         self._planning_idle = asyncio.Event()
         self._planning_idle.set()
+        self._starting: set[asyncio.Task[Turn]] = set()
+        """Turns being started, each in a task its caller's cancellation does not reach."""
         self.sessions = SessionManager(self)
 
     @property
@@ -376,6 +378,28 @@ class TurnManager:
         self._admit(request.role)
         record = self._new_record(request, key)
         record.admitted = True
+        return await self._started_whoever_waits(self._start(record, request))
+
+    async def _started_whoever_waits(self, start: Coroutine[Any, Any, Turn]) -> Turn:
+        """``start`` run to its end in a task of its own, whether its caller waits or not.
+
+        A caller cancelled (an in-process client that timed out, a request ended by
+        a stopping server) would otherwise leave a turn half started: its fence
+        running with nobody to end it at its wall time, its record running for ever,
+        its seat under the caps taken. The turn it submitted runs and is recorded
+        like any other; a caller that retries with its idempotency key finds it.
+        """
+        task = asyncio.create_task(start)
+        self._starting.add(task)
+        task.add_done_callback(self._started)
+        return await asyncio.shield(task)
+
+    def _started(self, task: asyncio.Task[Turn]) -> None:
+        self._starting.discard(task)
+        if not task.cancelled():
+            task.exception()  # said to the caller if it still waits; nobody else needs it
+
+    async def _start(self, record: TurnRecord, request: TurnRequest) -> Turn:
         no_lease: RefusedError | None = None
         try:
             self.leases.admit(request.role, request.lease)
@@ -509,6 +533,14 @@ class TurnManager:
         if self._disk_failure is not None:
             raise self._disk_unavailable()
         record = self._new_record(request, _idempotency_digest(request.role, idempotency_key))
+        return await self._started_whoever_waits(self._start_elsewhere(record, request, start))
+
+    async def _start_elsewhere(
+        self,
+        record: TurnRecord,
+        request: TurnRequest,
+        start: Callable[[TurnRecord], Awaitable[StartedElsewhere]],
+    ) -> Turn:
         try:
             await asyncio.to_thread(record.spool.create, report=False)
         except StorageError as exc:
@@ -1086,6 +1118,10 @@ class TurnManager:
         if self._watch is not None:
             self._watch.cancel()
         self.leases.stop()
+        self._planning_idle.set()
+        if self._starting:
+            # Started and followed first, so that they are killed and recorded with the rest.
+            await asyncio.wait(set(self._starting), timeout=KILL_WAIT_S)
         tasks = []
         for record in self._turns.values():
             if record.running is not None:

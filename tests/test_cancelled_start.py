@@ -1,0 +1,178 @@
+"""A submit whose caller is cancelled while its turn starts (an in-process client that timed
+out, a request ended by a stopping server) still leaves a turn like any other: followed, so
+it can be ended; recorded; its seat freed; ended with the rest when the target stops. Cut
+short, it left the fence running with nobody to end it, even past the server's own end."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import signal
+import subprocess
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+import pytest
+import trustme
+from conftest import make_settings, wait_until
+from test_durability import served
+
+from shared.walk import canonical_path
+from shared.wire import Turn, TurnRequest
+from target_side.config import Settings
+from target_side.fence import pipes
+from target_side.fence.identity import InProcess
+from target_side.fence.launch import StartingTurn
+from target_side.fence.runner import RunningTurn
+from target_side.service.app import create_app
+from target_side.service.turns import TurnManager
+
+LINGER = "47.25"
+"""The turn's ``sleep``: a number no other test's command uses, to find it by."""
+
+
+@pytest.mark.parametrize("where", ["while_planned", "while_followed"])
+@pytest.mark.parametrize("then", ["killed", "target_stops"])
+async def test_a_turn_whose_submit_was_cancelled_is_followed_ended_and_recorded(
+    tmp_path: Path, ca: trustme.CA, monkeypatch: pytest.MonkeyPatch, where: str, then: str
+) -> None:
+    settings = _one_turn_at_a_time(make_settings(Path(canonical_path(tmp_path)), ca))
+    submits: list[asyncio.Task[Turn]] = []
+    app = create_app(settings, **_cancelling(where, lambda: submits[0], monkeypatch))
+    async with served(app) as client:
+        manager: TurnManager = app.state.manager
+        request = TurnRequest(role="builder", argv=["sleep", LINGER])
+        submits.append(asyncio.create_task(manager.submit(request)))
+        with pytest.raises(asyncio.CancelledError):
+            await submits[0]
+        if then == "killed":
+            assert await asyncio.to_thread(wait_until, _lingering, 10), "its fence never ran"
+            (turn,) = await _listed_within(manager, 10)
+            url = f"/v1/turns/{turn.turn_id}/signal"
+            assert (await client.post(url, json={"signal": "KILL"})).status_code == 202
+            assert await _ended_within(manager, 10), "the turn never got an end"
+            after = await client.post("/v1/turns", json={"role": "builder", "argv": ["true"]})
+            assert after.status_code == 201, after.text  # its seat under the cap is free
+    # Stopped while its turn was still starting, the target waited for it and ended it.
+    await asyncio.sleep(1)
+    assert not _lingering(), "a fence outlived the server"
+    again = create_app(settings)
+    async with served(again):
+        states = [t.state for t in await _turns(again.state.manager)]
+    assert states and set(states) == {"exited"}, states  # recorded as ended, not found "lost"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        gc.collect()  # a pipe of the turn's left open would say so here
+
+
+def test_the_probe_finds_a_running_sleep() -> None:
+    """``_lingering`` does see such a process (a probe that cannot would pass the test)."""
+    child = subprocess.Popen(["sleep", LINGER])
+    try:
+        assert wait_until(lambda: child.pid in _lingering(), 5)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def _one_turn_at_a_time(settings: Settings) -> Settings:
+    server = settings.server.model_copy(update={"max_turns": 1})
+    return settings.model_copy(update={"server": server})
+
+
+def _cancelling(
+    where: str, submit: Callable[[], asyncio.Task[Turn]], monkeypatch: pytest.MonkeyPatch
+) -> dict[str, Callable[[str], None]]:
+    """The submit cancelled as its bubblewrap is about to start on its planning thread, or as
+    the started turn is about to be followed on the loop."""
+    if where == "while_planned":
+        loop = asyncio.get_running_loop()
+
+        def inject(step: str) -> None:
+            if step == "open-to-launch":
+                loop.call_soon_threadsafe(submit().cancel)
+
+        return {"inject": inject}
+    real_running = StartingTurn.running
+
+    async def running(starting: StartingTurn) -> RunningTurn:
+        submit().cancel()
+        await asyncio.sleep(0)
+        return await real_running(starting)
+
+    monkeypatch.setattr(StartingTurn, "running", running)
+    return {}
+
+
+def _lingering() -> list[int]:
+    """Processes running the turn's ``sleep`` (bubblewrap's included: it names it too)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if LINGER.encode() in (entry / "cmdline").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+async def _turns(manager: TurnManager) -> list[Turn]:
+    return await manager.recent(frozenset({"builder"}), 10)
+
+
+async def _listed_within(manager: TurnManager, seconds: float) -> list[Turn]:
+    """The turns listed, once there are any (its start is recorded once its fence runs)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while not (turns := await _turns(manager)) and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    return turns
+
+
+async def _ended_within(manager: TurnManager, seconds: float) -> bool:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while loop.time() < deadline:
+        turns = await _turns(manager)
+        if turns and all(t.state != "running" for t in turns):
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("when", ["before_it_is_handed_over", "while_its_pipes_connect"])
+async def test_a_spawn_nobody_follows_any_more_is_killed_and_its_pipes_closed(
+    monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """Below the turn manager (a file operation's or a session's launch): the process its
+    waiter gave up on is killed once it is there, and nothing of it stays open."""
+    if when == "while_its_pipes_connect":
+        real_read_end = pipes.read_end
+        connected: list[object] = []
+
+        async def read_end(pipe: IO[bytes]) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
+            if connected:
+                raise asyncio.CancelledError  # stdin and stdout connected, stderr next
+            connected.append(pipe)
+            return await real_read_end(pipe)
+
+        monkeypatch.setattr(pipes, "read_end", read_end)
+    loop = asyncio.get_running_loop()
+    ids = (os.getuid(), os.getgid())
+    spawning = InProcess().start(loop, ids, ["sleep", LINGER], (), stdin_open=True)
+    waiting = asyncio.create_task(spawning.process())
+    if when == "before_it_is_handed_over":
+        await asyncio.sleep(0)
+        waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    status = await asyncio.wait_for(asyncio.shield(spawning.worker.ended), 10)
+    assert status == -signal.SIGKILL
+    await asyncio.sleep(0.05)  # the transports' last callbacks
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        gc.collect()
