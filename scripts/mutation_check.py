@@ -1430,6 +1430,21 @@ MUTATIONS += (
         ("tests/test_cancelled_start.py -k target_stops",),
     ),
     Mutation(
+        "cancelled-session-create-abandons-its-session",
+        "target_side/service/sessions.py",
+        "        return await self.turns.started_whoever_waits(self._start(record, request))",
+        "        return await self._start(record, request)",
+        ("tests/test_cancelled_start.py -k session_whose_create_was_cancelled",),
+    ),
+    Mutation(
+        # bubblewrap's child, killed before it asked for its parent-death signal, ran on.
+        "kill-before-the-fence-is-held-spares-its-cgroups",
+        "target_side/fence/runner.py",
+        "        if self._gate.limits is not None:\n            self._gate.limits.kill()",
+        "        if False:\n            self._gate.limits.kill()",
+        ("tests/test_cancelled_start.py -k killed_as_it_starts",),
+    ),
+    Mutation(
         "unfollowed-spawn-left-running",
         "target_side/fence/identity.py",
         "            self.worker.spawned.add_done_callback(self._unfollowed)",

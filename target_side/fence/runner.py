@@ -453,10 +453,16 @@ class RunningTurn:
 
         Killing the fence's reaper makes the kernel kill everything in its pid
         namespace, and bwrap still reports the status; before the fence is up,
-        bwrap itself is killed (die-with-parent takes its child along).
+        bwrap itself is killed (die-with-parent takes its child along), and so is
+        what is in the turn's cgroups: bubblewrap's child asks for its parent-death
+        signal only once it runs, and a bubblewrap killed before that (a turn killed
+        as it starts: 7 in 20 here) left the fence running until its cgroups were
+        emptied, 5 s later.
         """
         self._killed = True
         self._proc.kill_fence()
+        if self._gate.limits is not None:
+            self._gate.limits.kill()
 
     def kill_now(self) -> None:
         """SIGKILL the fence and bwrap together (the server is going away)."""

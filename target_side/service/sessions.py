@@ -203,6 +203,11 @@ class SessionManager:
         self._sessions[session_id] = record
         if key is not None:
             self._idempotency[key] = session_id
+        # Opened, refused or failed to its end, whether the caller still waits or not.
+        return await self.turns.started_whoever_waits(self._start(record, request))
+
+    async def _start(self, record: SessionRecord, request: SessionRequest) -> Session:
+        session_id = _id(record)
         try:
             leases = self.turns.leases
             leases.admit(request.role, request.lease)

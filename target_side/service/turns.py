@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from shared.exit_status import ExitStatus, for_signal
 from shared.wire import (
@@ -91,6 +91,7 @@ from target_side.service.state_lock import StateLock
 from target_side.service.store import StoredTurn, TurnStore, Unreadable, Unrecorded, expired
 
 log = logging.getLogger("paddock.target")
+T = TypeVar("T")
 
 FAILING_AFTER = 3
 """Consecutive turns the target itself failed before health says ``turns-failing``."""
@@ -216,8 +217,9 @@ class TurnManager:
         """Turns handed to the planning threads and not yet back."""
         self._planning_idle = asyncio.Event()
         self._planning_idle.set()
-        self._starting: set[asyncio.Task[Turn]] = set()
-        """Turns being started, each in a task its caller's cancellation does not reach."""
+        self._starting: set[asyncio.Task[Any]] = set()
+        """Turns and sessions being started, each in a task its caller's cancellation does
+        not reach."""
         self.sessions = SessionManager(self)
 
     @property
@@ -378,10 +380,11 @@ class TurnManager:
         self._admit(request.role)
         record = self._new_record(request, key)
         record.admitted = True
-        return await self._started_whoever_waits(self._start(record, request))
+        return await self.started_whoever_waits(self._start(record, request))
 
-    async def _started_whoever_waits(self, start: Coroutine[Any, Any, Turn]) -> Turn:
-        """``start`` run to its end in a task of its own, whether its caller waits or not.
+    async def started_whoever_waits(self, start: Coroutine[Any, Any, T]) -> T:
+        """``start`` (of a turn or a session) run to its end in a task of its own, whether
+        its caller waits or not.
 
         A caller cancelled (an in-process client that timed out, a request ended by
         a stopping server) would otherwise leave a turn half started: its fence
@@ -394,7 +397,7 @@ class TurnManager:
         task.add_done_callback(self._started)
         return await asyncio.shield(task)
 
-    def _started(self, task: asyncio.Task[Turn]) -> None:
+    def _started(self, task: asyncio.Task[Any]) -> None:
         self._starting.discard(task)
         if not task.cancelled():
             task.exception()  # said to the caller if it still waits; nobody else needs it
@@ -533,7 +536,7 @@ class TurnManager:
         if self._disk_failure is not None:
             raise self._disk_unavailable()
         record = self._new_record(request, _idempotency_digest(request.role, idempotency_key))
-        return await self._started_whoever_waits(self._start_elsewhere(record, request, start))
+        return await self.started_whoever_waits(self._start_elsewhere(record, request, start))
 
     async def _start_elsewhere(
         self,
