@@ -1445,6 +1445,14 @@ MUTATIONS += (
         ("tests/test_cancelled_start.py -k killed_as_it_starts",),
     ),
     Mutation(
+        # A sandbox at its gate, its bubblewrap killed before it was held, ran on unseen.
+        "kill-at-the-gate-kills-bubblewrap-alone",
+        "target_side/fence/gate.py",
+        "            if self._decided:\n                return False",
+        "            if True:\n                return False",
+        ("tests/test_cancelled_start.py -k killed_as_it_starts",),
+    ),
+    Mutation(
         "unfollowed-spawn-left-running",
         "target_side/fence/identity.py",
         "            self.worker.spawned.add_done_callback(self._unfollowed)",

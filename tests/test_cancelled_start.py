@@ -27,6 +27,7 @@ from target_side.config import Settings
 from target_side.fence import pipes
 from target_side.fence.identity import InProcess
 from target_side.fence.launch import StartingTurn
+from target_side.fence.limits import Limiter
 from target_side.fence.runner import RunningTurn
 from target_side.service import sessions as sessions_module
 from target_side.service.app import create_app
@@ -247,10 +248,15 @@ KILLED_AT_START_ROUNDS = 16
 """Turns killed the moment they start: 7 in 20 outlived the kill without the fix."""
 
 
-async def test_a_turn_killed_as_it_starts_ends_at_once(tmp_path: Path, ca: trustme.CA) -> None:
+@pytest.mark.parametrize("fence", ["born_inside_its_cgroups", "moved_in_at_its_gate"])
+async def test_a_turn_killed_as_it_starts_ends_at_once(
+    tmp_path: Path, ca: trustme.CA, monkeypatch: pytest.MonkeyPatch, fence: str
+) -> None:
     """Killed before its fence is held, only bubblewrap was killed: its child, not yet
     asking for its parent-death signal, ran on (its command too) until the turn's cgroups
     were emptied, 5 s later."""
+    if fence == "moved_in_at_its_gate":
+        monkeypatch.setattr(Limiter, "start_nursery", lambda limiter, loop: None)
     app = create_app(make_settings(Path(canonical_path(tmp_path)), ca))
     builder = frozenset({"builder"})
     async with served(app):

@@ -44,6 +44,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,6 +119,24 @@ class StartWatch:
         self._status, self._block = gate.give_away()
         self.lines = asyncio.StreamReader(loop=loop)
         self.held: asyncio.Future[Held] = loop.create_future()
+        self._deciding = threading.Lock()
+        self._decided = self._block < 0  # no gate: its command goes on by itself
+        self._kill_when_held = False
+
+    def kill_when_held(self) -> bool:
+        """Kill the sandbox as soon as it is held, instead of opening its gate; False when
+        the gate has been opened already (or there is none), and it must be killed otherwise.
+
+        Killing bubblewrap instead, before the sandbox is held, can leave the sandbox
+        running: bubblewrap's child asks for its parent-death signal only once it runs.
+        Outside its cgroups and out of anyone's sight, it then runs the command, or
+        waits at the gate for ever.
+        """
+        with self._deciding:
+            if self._decided:
+                return False
+            self._kill_when_held = True
+            return True
 
     def started(self, process: subprocess.Popen[bytes]) -> None:
         """Read up to the line naming the sandbox, hold the sandbox, open the gate (blocking)."""
@@ -130,6 +149,8 @@ class StartWatch:
             if sandbox is not None:
                 held = self._hold(process, sandbox[0])
         finally:
+            with self._deciding:
+                self._decided = True
             _close(self._block)
             self._report(held, data)
 
@@ -189,9 +210,14 @@ class StartWatch:
             with contextlib.suppress(OSError):
                 process.send_signal(signal.SIGKILL)
             return Held(reaper, exc)
-        if self._block >= 0:
-            with contextlib.suppress(OSError):  # the sandbox died meanwhile: its failure says why
-                os.write(self._block, b"\0")
+        with self._deciding:
+            self._decided = True
+            if self._kill_when_held:
+                with contextlib.suppress(OSError):  # its pid namespace goes with it
+                    signal.pidfd_send_signal(reaper, signal.SIGKILL)
+            elif self._block >= 0:
+                with contextlib.suppress(OSError):  # the sandbox died meanwhile: it says why
+                    os.write(self._block, b"\0")
         return Held(reaper)
 
     def _report(self, held: Held, data: bytes) -> None:

@@ -458,7 +458,7 @@ class LocalProcess:
         if self._reaper is not None:
             with contextlib.suppress(OSError):
                 signal.pidfd_send_signal(self._reaper, signal.SIGKILL)
-        else:
+        elif self._watch is None or not self._watch.kill_when_held():
             self.kill()
 
     def kill(self) -> None:

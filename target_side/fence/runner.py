@@ -45,6 +45,8 @@ from target_side.policy import refusals
 log = logging.getLogger("paddock.target")
 
 STDERR_TAIL = 4096
+KILL_FALLBACK_S = 1.0
+"""After a kill that waits for the sandbox to be held: when bubblewrap itself is killed."""
 DRAIN_S = 5.0
 """Once the turn's process was reaped, how long its output and status pipes get to close.
 Nothing of a turn outlives that (its pid namespace dies with its reaper), so a pipe still
@@ -452,17 +454,19 @@ class RunningTurn:
         """SIGKILL the whole turn.
 
         Killing the fence's reaper makes the kernel kill everything in its pid
-        namespace, and bwrap still reports the status; before the fence is up,
-        bwrap itself is killed (die-with-parent takes its child along), and so is
-        what is in the turn's cgroups: bubblewrap's child asks for its parent-death
-        signal only once it runs, and a bubblewrap killed before that (a turn killed
-        as it starts: 7 in 20 here) left the fence running until its cgroups were
-        emptied, 5 s later.
+        namespace, and bwrap still reports the status. Before the sandbox is held,
+        killing bubblewrap is not enough: its child asks for its parent-death signal
+        only once it runs, and a turn killed as it started (7 times in 20 here) left
+        its sandbox running. So a sandbox waiting at its gate is killed the moment it
+        is held, the gate never opened (bubblewrap too, if it never gets that far);
+        one born inside its cgroups is killed with them.
         """
         self._killed = True
         self._proc.kill_fence()
         if self._gate.limits is not None:
             self._gate.limits.kill()
+        with contextlib.suppress(RuntimeError):  # no loop: nothing of the turn's is left
+            asyncio.get_running_loop().call_later(KILL_FALLBACK_S, self._proc.kill)
 
     def kill_now(self) -> None:
         """SIGKILL the fence and bwrap together (the server is going away)."""
