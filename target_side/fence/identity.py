@@ -301,8 +301,12 @@ class Spawning:
             self._end(spawned.result())
 
     def _end(self, process: subprocess.Popen[bytes]) -> None:
-        """``process`` killed (its sandbox with it, ``--die-with-parent``), and what this
-        side held of it closed: nothing would ever read its pipes, or wait for it."""
+        """``process`` killed, and what this side held of it closed: nothing would ever
+        read its pipes, or wait for it. A sandbox still to be held at its gate is killed
+        there (bubblewrap's death alone may not take it along); one born inside its
+        cgroups goes with them (``fence.launch``)."""
+        if self.watch is not None:
+            self.watch.kill_when_held()
         pidfd, self.pidfd = self.pidfd, None
         if pidfd is not None:
             with contextlib.suppress(OSError):

@@ -489,6 +489,7 @@ def _undo(opened: list[int], gate: Gate | None, limits: TurnLimits | None) -> No
     given = gate.given if gate is not None else ()
     _close_all(fd for fd in opened if fd not in given)
     if limits is not None:
+        limits.kill()  # a sandbox born inside, whose bubblewrap died without taking it along
         limits.remove_now()
 
 
