@@ -266,13 +266,8 @@ class RunningTurn:
         if limits is None:
             return Usage()
         usage = limits.usage()
-        if usage.oom_kills:
-            rest = "; the target ended the rest of it" if self._out_of_memory_ended else ""
-            self._emit(
-                "notice",
-                message=f"out of memory: the kernel killed {usage.oom_kills} "
-                f"process(es) of the turn at its memory limit{rest}",
-            )
+        if usage.oom_kills or self._out_of_memory_ended:
+            self._emit("notice", message=_oom_notice(usage.oom_kills, self._out_of_memory_ended))
         return usage
 
     def _watch_oom(self) -> None:
@@ -493,3 +488,16 @@ class RunningTurn:
         if self._terminal is None:
             raise BrokenPipeError("the turn has no terminal")
         set_terminal_size(self._terminal, rows, cols)
+
+
+def _oom_notice(kills: int, ended_by_target: bool) -> str:
+    """What a turn that reached its memory limit is told. Woken by the cgroup's OOM event,
+    the target may kill the turn before the kernel has picked a process to kill (cgroup v1):
+    then the kernel killed none, and the turn still ended out of memory."""
+    if not kills:
+        return "out of memory: the turn reached its memory limit, and the target ended it"
+    rest = "; the target ended the rest of it" if ended_by_target else ""
+    return (
+        f"out of memory: the kernel killed {kills} process(es) of the turn at its memory "
+        f"limit{rest}"
+    )
