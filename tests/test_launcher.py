@@ -56,7 +56,6 @@ from process_support import (
     signal_set,
     socket_opening,
 )
-from test_cancelled_start import KILLED_AT_START_ROUNDS
 
 from target_side.config import RoleConfig, Settings, load_settings
 from target_side.errors import LauncherError
@@ -1346,18 +1345,3 @@ class Slotted:
 
     def __init__(self, slot: object) -> None:
         self.slot = slot
-
-
-def test_launcher_turn_killed_as_it_starts_leaves_nothing_running(
-    host: Host, client: httpx.Client
-) -> None:
-    """Killed before the runner held its sandbox (through the launcher), only bubblewrap
-    was: its child, not yet asking for its parent-death signal, could run on unseen."""
-    marker = "47.75"
-    for _ in range(KILLED_AT_START_ROUNDS):
-        turn = submit(client, argv=["sleep", marker])
-        client.post(f"/v1/turns/{turn.turn_id}/signal", json={"signal": "KILL"})
-        began = time.monotonic()
-        assert finished(client, turn.turn_id).exit_code != 0
-        assert time.monotonic() - began < 2, "the turn outlived its kill"
-        assert wait_until(lambda: not processes_with("/usr/bin/sleep", marker), 2)

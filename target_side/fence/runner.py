@@ -427,7 +427,11 @@ class RunningTurn:
             self.kill()
             self._close_gate()
             return
-        if self._gate.block >= 0:
+        if self._killed:
+            # Killed before it was held (through the launcher: only bubblewrap could be, and
+            # its child may outlive it). Held now, its whole pid namespace goes, gate shut.
+            self.kill()
+        elif self._gate.block >= 0:
             with contextlib.suppress(OSError):
                 os.write(self._gate.block, b"\0")
         self._close_gate()
