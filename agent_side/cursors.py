@@ -145,7 +145,12 @@ class Cursor:
         with self._changed:
             if seq > self._delivered:
                 self._delivered = seq
-                self._changed.notify()
+                self._changed.notify_all()  # the writer, and whoever waits in ``wait_for``
+
+    def wait_for(self, seq: int, timeout: float) -> bool:
+        """Until event ``seq`` is delivered (at most ``timeout`` seconds); whether it was."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._delivered >= seq, timeout)
 
     def close(self) -> None:
         """Write what is pending, now, and stop the writer."""

@@ -1453,6 +1453,14 @@ MUTATIONS += (
         ("tests/test_cancelled_start.py -k killed_as_it_starts",),
     ),
     Mutation(
+        # The cursor closed before the client confirmed the last event: logs --follow repeats it.
+        "relay-closes-the-cursor-before-the-last-confirmation",
+        "agent_side/mux/relay.py",
+        "            sink.cursor.wait_for(output.last_seq, CONFIRM_WAIT_S)",
+        "            pass",
+        ("tests/test_mux.py -k however_late_the_client_confirms",),
+    ),
+    Mutation(
         "unfollowed-spawn-left-running",
         "target_side/fence/identity.py",
         "            self.worker.spawned.add_done_callback(self._unfollowed)",

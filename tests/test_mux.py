@@ -11,6 +11,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import queue
 import shutil
 import signal
 import socket
@@ -28,6 +29,9 @@ from test_cli_imports import loaded_by
 from test_resume import CuttingProxy
 
 from agent_side import targets_file
+from agent_side.api import Target as ApiTarget
+from agent_side.cursors import CursorStore
+from agent_side.mux.relay import relay_turn
 from agent_side.targets_file import StoredTarget
 
 CLI = [sys.executable, "-m", "agent_side.cli"]
@@ -584,3 +588,48 @@ def test_mux_daemon_serves_no_other_user(mux: Mux) -> None:
     sock.chmod(0o600)
     own = mux.paddock("mux", "status", "--json")
     assert json.loads(own.stdout)["t"] == "status"
+
+
+class _SlowConfirmingClient:
+    """A ``paddock run`` on the other end of a relay's channel that confirms each event it
+    is shown a moment late, as a loaded machine's client may."""
+
+    def __init__(self, late_s: float) -> None:
+        self._late_s = late_s
+        self._replies: queue.SimpleQueue[tuple[dict[str, object], bytes] | None] = (
+            queue.SimpleQueue()
+        )
+        self.exited = threading.Event()
+
+    def send(self, message: dict[str, object], data: bytes = b"") -> None:
+        if message.get("t") == "seq":
+            confirm = ({"t": "delivered", "seq": message["seq"]}, b"")
+            threading.Timer(self._late_s, self._replies.put, (confirm,)).start()
+        elif message.get("t") == "exit":
+            self.exited.set()
+            threading.Timer(self._late_s * 2, self._replies.put, (None,)).start()
+
+    def receive(self) -> tuple[dict[str, object], bytes] | None:
+        return self._replies.get()
+
+
+def test_a_relayed_turns_last_event_is_in_its_cursor_however_late_the_client_confirms(
+    target: Target, tmp_path: Path
+) -> None:
+    """The relay closed the turn's cursor once the turn ended, and a confirmation still on
+    its way was lost: ``paddock logs --follow`` then showed the turn's last output again."""
+    api = ApiTarget.https(target.url, token=BUILDER_TOKEN, cacert=target.cacert, role="builder")
+    environ = {"XDG_STATE_HOME": str(tmp_path / "state"), "HOME": str(tmp_path)}
+    message = {
+        "options": {"argv": ["sh", "-c", "echo last words"]},
+        "stdin": "closed",
+        "cursor": {"name": None, "ssh": None, "environ": environ},
+    }
+    client = _SlowConfirmingClient(late_s=0.2)
+    with api:
+        relay_turn(api, client, message)  # type: ignore[arg-type]
+        turn = api.client.turns(limit=1)[0]
+        shown = [e.seq for e in api.client.events(turn.turn_id)]
+    assert client.exited.is_set()
+    store = CursorStore.for_user(environ, api.client.base_url)
+    assert store.last_delivered(turn.turn_id) == shown[-1]

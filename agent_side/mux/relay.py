@@ -36,6 +36,11 @@ class ClientGone(Exception):
     """The ``paddock run`` this turn was relayed to has closed its connection."""
 
 
+CONFIRM_WAIT_S = 1.0
+"""How long the turn's end waits for the client to confirm its last event (a client whose
+stdout closed confirms none)."""
+
+
 class FrameOutput:
     """``streaming.Output`` as frames to the client; a client gone is ``ClientGone``.
 
@@ -45,6 +50,8 @@ class FrameOutput:
 
     def __init__(self, channel: Channel) -> None:
         self._channel = channel
+        self.last_seq = 0
+        """The last event shown, which the client is to confirm."""
 
     def stdout(self, data: bytes) -> None:
         self._send({"t": "stdout"}, data)
@@ -59,6 +66,7 @@ class FrameOutput:
         """``sink`` shows ``event`` in frames; then the client is asked to confirm it."""
         sink.show(event)
         self._send({"t": "seq", "seq": event.seq})
+        self.last_seq = event.seq
 
     def _send(self, message: Message, data: bytes = b"") -> None:
         try:
@@ -103,6 +111,11 @@ def relay_turn(target: Target, channel: Channel, message: Message) -> None:
             output.say(refusal_sentence(final.refusal))
         sink.turn(final)
         status = finished.exit_status
+        if sink.cursor is not None:
+            # The client confirms the last event as it writes it, while the turn's end is
+            # already here: closed before that, the cursor lost it, and ``paddock logs
+            # --follow`` showed the turn's last output again (once in a loaded CI run).
+            sink.cursor.wait_for(output.last_seq, CONFIRM_WAIT_S)
     except ClientGone:
         return  # as when paddock run is killed: the turn goes on; nobody is told
     finally:
