@@ -11,9 +11,9 @@ import os
 import signal
 import subprocess
 import warnings
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import httpx
 import pytest
@@ -25,6 +25,7 @@ from shared.walk import canonical_path
 from shared.wire import Session, SessionRequest, Turn, TurnRequest
 from target_side.config import Settings
 from target_side.fence import pipes
+from target_side.fence.held import FailureHook, no_failure
 from target_side.fence.identity import InProcess
 from target_side.fence.launch import StartingTurn
 from target_side.fence.limits import Limiter
@@ -34,6 +35,7 @@ from target_side.service.app import create_app
 from target_side.service.sessions import SessionManager
 from target_side.service.turns import TurnManager
 
+T = TypeVar("T")
 LINGER = "47.25"
 """The turn's ``sleep``: a number no other test's command uses, to find it by."""
 
@@ -45,7 +47,7 @@ async def test_a_turn_whose_submit_was_cancelled_is_followed_ended_and_recorded(
 ) -> None:
     settings = _one_turn_at_a_time(make_settings(Path(canonical_path(tmp_path)), ca))
     submits: list[asyncio.Task[Turn]] = []
-    app = create_app(settings, **_cancelling(where, lambda: submits[0], monkeypatch))
+    app = create_app(settings, _cancelling(where, lambda: submits[0], monkeypatch))
     async with served(app) as client:
         manager: TurnManager = app.state.manager
         request = TurnRequest(role="builder", argv=["sleep", LINGER])
@@ -53,7 +55,7 @@ async def test_a_turn_whose_submit_was_cancelled_is_followed_ended_and_recorded(
         with pytest.raises(asyncio.CancelledError):
             await submits[0]
         if then == "killed":
-            assert await asyncio.to_thread(wait_until, _lingering, 10), "its fence never ran"
+            assert await asyncio.to_thread(wait_until, lambda: bool(_lingering()), 10), "never ran"
             (turn,) = await _listed_within(manager, 10)
             url = f"/v1/turns/{turn.turn_id}/signal"
             assert (await client.post(url, json={"signal": "KILL"})).status_code == 202
@@ -89,9 +91,9 @@ def _one_turn_at_a_time(settings: Settings) -> Settings:
 
 def _cancelling(
     where: str, submit: Callable[[], asyncio.Task[Turn]], monkeypatch: pytest.MonkeyPatch
-) -> dict[str, Callable[[str], None]]:
-    """The submit cancelled as its bubblewrap is about to start on its planning thread, or as
-    the started turn is about to be followed on the loop."""
+) -> FailureHook:
+    """The submit cancelled as its bubblewrap is about to start on its planning thread (the
+    hook returned), or as the started turn is about to be followed on the loop."""
     if where == "while_planned":
         loop = asyncio.get_running_loop()
 
@@ -99,7 +101,7 @@ def _cancelling(
             if step == "open-to-launch":
                 loop.call_soon_threadsafe(submit().cancel)
 
-        return {"inject": inject}
+        return inject
     real_running = StartingTurn.running
 
     async def running(starting: StartingTurn) -> RunningTurn:
@@ -108,7 +110,7 @@ def _cancelling(
         return await real_running(starting)
 
     monkeypatch.setattr(StartingTurn, "running", running)
-    return {}
+    return no_failure
 
 
 def _lingering() -> list[int]:
@@ -130,22 +132,26 @@ async def _turns(manager: TurnManager) -> list[Turn]:
 
 async def _listed_within(manager: TurnManager, seconds: float) -> list[Turn]:
     """The turns listed, once there are any (its start is recorded once its fence runs)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    while not (turns := await _turns(manager)) and loop.time() < deadline:
-        await asyncio.sleep(0.05)
-    return turns
+    return await _polled(lambda: _turns(manager), bool, seconds)
 
 
 async def _ended_within(manager: TurnManager, seconds: float) -> bool:
+    return _all_ended(await _polled(lambda: _turns(manager), _all_ended, seconds))
+
+
+def _all_ended(turns: list[Turn]) -> bool:
+    return bool(turns) and all(t.state != "running" for t in turns)
+
+
+async def _polled(
+    probe: Callable[[], Awaitable[T]], done: Callable[[T], bool], seconds: float
+) -> T:
+    """What ``probe`` says, once ``done`` with it or after ``seconds`` (the last it said)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
-    while loop.time() < deadline:
-        turns = await _turns(manager)
-        if turns and all(t.state != "running" for t in turns):
-            return True
+    while not done(seen := await probe()) and loop.time() < deadline:
         await asyncio.sleep(0.05)
-    return False
+    return seen
 
 
 @pytest.mark.parametrize("when", ["before_it_is_handed_over", "while_its_pipes_connect"])
@@ -235,13 +241,10 @@ def _cancel_session_create(
 async def _session_within(
     client: httpx.AsyncClient, url: str, done: Callable[[dict[str, Any]], bool], seconds: float
 ) -> dict[str, Any]:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    while True:
-        seen = (await client.get(url)).json()
-        if done(seen) or loop.time() > deadline:
-            return seen
-        await asyncio.sleep(0.05)
+    async def seen() -> dict[str, Any]:
+        return (await client.get(url)).json()
+
+    return await _polled(seen, done, seconds)
 
 
 KILLED_AT_START_ROUNDS = 16
