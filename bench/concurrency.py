@@ -14,11 +14,14 @@ A second table says where the CPU went while the turns ran: how busy the
 machine was, and the CPU time of the target process, of its fences (bubblewrap
 and the commands, counted as the target reaps them) and of the agents (this
 process). A load whose machine is busy throughout is bound by the CPU time of
-all three, not by any one of them.
+all three, not by any one of them. The bare bubblewrap rounds get a row of their
+own: the core-seconds the load costs the machine before any target is involved,
+which bounds how fast the paddock rounds can be on these cores.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import threading
@@ -55,11 +58,11 @@ def run(rounds: int) -> str:
     with target_process() as target:
         for count, argv in LOADS:
             load = Load(count, argv)
-            bare = Samples(tuple(_bare(load.count, _usr_bin(load.argv)) for _ in range(rounds)))
-            fenced = Samples(tuple(_bare(load.count, _in_bwrap(load.argv)) for _ in range(rounds)))
+            bare = _walls([_bare(load.count, _usr_bin(load.argv)) for _ in range(rounds)])
+            in_bwrap = [_bare(load.count, _in_bwrap(load.argv)) for _ in range(rounds)]
             spent = [_turns(target, load, failures) for _ in range(rounds)]
-            turns = Samples(tuple(wall for wall, _ in spent))
-            rows += _rows(load, bare, fenced, turns)
+            rows += _rows(load, bare, _walls(in_bwrap), _walls(spent))
+            cpu_rows.append(_bwrap_cpu_row(load, [cpu for _, cpu in in_bwrap]))
             cpu_rows.append(_cpu_row(load, [cpu for _, cpu in spent]))
     tables = f"{_table(rows, rounds)}\n\n{_cpu_table(cpu_rows, rounds)}"
     return with_failures(tables, failures)
@@ -73,8 +76,14 @@ def _in_bwrap(argv: Sequence[str]) -> list[str]:
     return [*BARE_BWRAP[:-1], *_usr_bin(argv)]
 
 
-def _bare(count: int, argv: list[str]) -> float:
-    """Seconds from starting ``count`` copies of ``argv`` at once until the last has ended."""
+def _walls(rounds: list[tuple[float, CpuSnapshot]]) -> Samples:
+    return Samples(tuple(wall for wall, _ in rounds))
+
+
+def _bare(count: int, argv: list[str]) -> tuple[float, CpuSnapshot]:
+    """Seconds from starting ``count`` copies of ``argv`` at once until the last has ended,
+    and the CPU time spent meanwhile (theirs as this process's reaped children)."""
+    before = CpuSnapshot.take(os.getpid())
     started = time.perf_counter()
     procs = [
         subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -82,9 +91,10 @@ def _bare(count: int, argv: list[str]) -> float:
     ]
     codes = [proc.wait() for proc in procs]
     took = time.perf_counter() - started
+    spent = before.until(CpuSnapshot.take(os.getpid()))
     if any(codes):
         raise RuntimeError(f"{argv} failed bare: exit statuses {sorted(set(codes))}")
-    return took
+    return took, spent
 
 
 def _turns(target: TargetInfo, load: Load, failures: list[str]) -> tuple[float, CpuSnapshot]:
@@ -146,8 +156,8 @@ def _rows(load: Load, bare: Samples, fenced: Samples, turns: Samples) -> list[li
 def _cpu_row(load: Load, spent: list[CpuSnapshot]) -> list[str]:
     own = statistics.median(s.own for s in spent)
     return [
-        load.label,
-        f"{100 * statistics.median(s.busy / s.total for s in spent if s.total):.0f}%",
+        f"{load.label}, paddock turns",
+        *_machine(spent),
         f"{own:.2f}",
         f"{statistics.median(s.children for s in spent):.2f}",
         f"{statistics.median(s.here for s in spent):.2f}",
@@ -155,13 +165,29 @@ def _cpu_row(load: Load, spent: list[CpuSnapshot]) -> list[str]:
     ]
 
 
+def _bwrap_cpu_row(load: Load, spent: list[CpuSnapshot]) -> list[str]:
+    """The bare bubblewrap rounds: the load's own cost, no target, no agents."""
+    fences = statistics.median(s.children for s in spent)
+    return [f"{load.label}, bwrap alone", *_machine(spent), "-", f"{fences:.2f}", "-", "-"]
+
+
+def _machine(spent: list[CpuSnapshot]) -> list[str]:
+    """How busy the machine was (of all its cores), and for how many core-seconds."""
+    return [
+        f"{100 * statistics.median(s.busy / s.total for s in spent if s.total):.0f}%",
+        f"{statistics.median(s.busy for s in spent):.2f}",
+    ]
+
+
 def _cpu_table(rows: list[list[str]], rounds: int) -> str:
     title = (
-        f"8b. Where the CPU went in those paddock rounds (p50 of {rounds}; seconds, from /proc,\n"
-        "   from the submissions to the last exit: the machine busy, of all its cores; the target\n"
-        "   process; its fences, bubblewrap and the commands, as reaped; the agents, this process)"
+        f"8b. Where the CPU went in those rounds (p50 of {rounds}; seconds, from /proc, from\n"
+        "   the start to the last exit: the machine busy, of all its cores, and its busy\n"
+        "   core-seconds; the target process; its fences, bubblewrap and the commands, as\n"
+        "   reaped; the agents, this process. bwrap alone: the same commands in bare\n"
+        "   bubblewrap, what the load costs the machine before any target is involved)"
     )
-    headers = ["load", "busy", "target s", "fences s", "agents s", "target ms/turn"]
+    headers = ["load", "busy", "core s", "target s", "fences s", "agents s", "target ms/turn"]
     return render_table(title, headers, rows)
 
 
