@@ -1461,6 +1461,43 @@ MUTATIONS += (
         ("tests/test_mux.py -k however_late_the_client_confirms",),
     ),
     Mutation(
+        # The watch shuts the gate as soon as it read no line: the orphan goes on to its command.
+        "unnamed-sandbox-let-through-its-gate",
+        "target_side/fence/gate.py",
+        "            if self._named:\n                _close(self._block)",
+        "            if True:\n                _close(self._block)",
+        ("tests/test_orphans.py -k never_saw_its_sandbox",),
+    ),
+    Mutation(
+        "orphaned-sandbox-left-alive",
+        "target_side/fence/gate.py",
+        "                orphans.end_orphaned_sandboxes()",
+        "                pass",
+        ("tests/test_orphans.py -k never_saw_its_sandbox",),
+        also=(
+            (
+                "target_side/fence/launcher.py",
+                "            orphans.end_orphaned_sandboxes()",
+                "            pass",
+            ),
+        ),
+    ),
+    Mutation(
+        "launcher-leaves-its-orphaned-sandbox",
+        "target_side/fence/launcher.py",
+        "            orphans.end_orphaned_sandboxes()",
+        "            pass",
+        ("tests/test_launcher.py -k killed_before_it_was_held",),
+    ),
+    Mutation(
+        # Every child killed, bubblewrap and helpers too, not only sandboxes in a namespace below.
+        "orphan-hunt-kills-bystanders",
+        "target_side/fence/orphans.py",
+        "        if _namespace_depth(pid) <= _own_depth():",
+        "        if False:",
+        ("tests/test_orphans.py -k only_sandboxes",),
+    ),
+    Mutation(
         "unfollowed-spawn-left-running",
         "target_side/fence/identity.py",
         "            self.worker.spawned.add_done_callback(self._unfollowed)",

@@ -980,6 +980,60 @@ def test_launcher_closing_the_server_kills_the_turn(host: Host, client: httpx.Cl
 # --- what the launcher refuses ----------------------------------------------------------------
 
 
+ORPHANED = """
+import asyncio, json, os, socket, sys, time
+from target_side.fence.launcher import Channel
+
+async def main():
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(sys.argv[1])
+    channel = Channel(sock)
+    null = [os.open(os.devnull, os.O_RDWR) for _ in range(3)]
+    status_read, status_write = os.pipe()
+    gate_read, gate_write = os.pipe()
+    await channel.send(json.loads(sys.argv[2]), [*null, status_write, gate_read])
+    started, _ = await channel.recv()
+    os.close(status_write)
+    os.close(gate_read)
+    line = b""
+    while b"\\n" not in line:  # the sandbox is named, but the launcher never told
+        line += os.read(status_read, 4096)
+    sandbox = json.loads(line.split(b"\\n")[0])["child-pid"]
+    await channel.send({"op": "kill", "bwrap": True})  # as the runner's kill before the line
+    ended, _ = await channel.recv()
+    os.close(gate_write)  # the gate shuts once bubblewrap's end is told, as the runner's does
+    time.sleep(0.5)
+    print(json.dumps({"started": started, "ended": ended, "sandbox": sandbox}))
+
+asyncio.run(main())
+"""
+
+
+def test_launcher_kills_a_sandbox_whose_bubblewrap_it_killed_before_it_was_held(
+    host: Host,
+) -> None:
+    # bubblewrap's child asks for its parent-death signal only past the gate: killed with
+    # bubblewrap before it was held, it outlived it, and the gate shutting let it run its
+    # command, out of every kill's reach. Now it is the launcher's orphan, killed first.
+    uid, gid = host.role_ids()
+    marker = "31.75"
+    bwrap = [
+        "/usr/bin/bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/",
+        "--json-status-fd", "3", "--block-fd", "4", "--", "/usr/bin/sleep", marker,
+    ]  # fmt: skip
+    launch = {**_launch("builder", uid, gid, bwrap), "fds": [0, 1, 2, 3, 4]}
+    try:
+        done = host.as_server("-c", ORPHANED, str(host.socket), json.dumps(launch))
+        assert done.returncode == 0, done.stderr
+        said = json.loads(done.stdout)
+        assert "pid" in said["started"] and "exit" in said["ended"], said
+        assert not os.path.exists(f"/proc/{said['sandbox']}"), said
+        assert processes_with("sleep", marker) == []
+    finally:
+        for pid in processes_with("sleep", marker):
+            os.kill(pid, signal.SIGKILL)
+
+
 def _first_word(path: Path) -> dict[str, object]:
     """What the launcher says to a connection before anything is asked (a refusal, if any)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:

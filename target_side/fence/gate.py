@@ -48,6 +48,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from target_side.fence import orphans
 from target_side.fence.limits import TurnLimits
 
 STATUS_READ_BYTES = 4096
@@ -122,6 +123,8 @@ class StartWatch:
         self._deciding = threading.Lock()
         self._decided = self._block < 0  # no gate: its command goes on by itself
         self._kill_when_held = False
+        self._named = False
+        """Whether bubblewrap's status line named its sandbox."""
 
     def kill_when_held(self) -> bool:
         """Kill the sandbox as soon as it is held, instead of opening its gate; False when
@@ -130,7 +133,7 @@ class StartWatch:
         Killing bubblewrap instead, before the sandbox is held, can leave the sandbox
         running: bubblewrap's child asks for its parent-death signal only once it runs.
         Outside its cgroups and out of anyone's sight, it then runs the command, or
-        waits at the gate for ever.
+        waits at the gate for ever (unless taken in as an orphan: ``fence.orphans``).
         """
         with self._deciding:
             if self._decided:
@@ -139,7 +142,12 @@ class StartWatch:
             return True
 
     def started(self, process: subprocess.Popen[bytes]) -> None:
-        """Read up to the line naming the sandbox, hold the sandbox, open the gate (blocking)."""
+        """Read up to the line naming the sandbox, hold the sandbox, open the gate (blocking).
+
+        With no line naming it, bubblewrap has ended, and its child may still
+        wait at the gate: the gate then stays shut until bubblewrap is reaped
+        and such a child killed (``ended``).
+        """
         data = b""
         held = Held()
         try:
@@ -147,11 +155,14 @@ class StartWatch:
             line, newline, _ = data.partition(b"\n")
             sandbox = sandbox_of(status_record(line)) if newline else None
             if sandbox is not None:
+                self._named = True
                 held = self._hold(process, sandbox[0])
         finally:
             with self._deciding:
                 self._decided = True
-            _close(self._block)
+            if self._named:
+                _close(self._block)
+                self._block = -1
             self._report(held, data)
 
     def ended(self) -> None:
@@ -163,12 +174,17 @@ class StartWatch:
         """
         rest = b""
         try:
+            if not self._named:
+                # Never named, so never held: a child of bubblewrap's that outlived it is ours
+                # now (``fence.orphans``), and is killed before the gate could let it go on.
+                orphans.end_orphaned_sandboxes()
             fcntl.fcntl(self._status, fcntl.F_SETFL, os.O_NONBLOCK)
             while chunk := os.read(self._status, STATUS_READ_BYTES):
                 rest += chunk
         except OSError:
             pass  # nothing more (EAGAIN), or never anything: the runner sees the end either way
         finally:
+            _close(self._block)
             _close(self._status)
             self._call(self._feed_end, rest)
 

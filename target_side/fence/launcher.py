@@ -105,7 +105,7 @@ from shared.walk import canonical_path, is_within
 from target_side import trust
 from target_side.config import Settings, load_settings
 from target_side.errors import HomeError, LauncherError, TargetError
-from target_side.fence import audit, home, landlock, signals
+from target_side.fence import audit, home, landlock, orphans, signals
 from target_side.fence.cgroupfs import TURN_CGROUP, cgroup_mounts
 from target_side.fence.nofollow import open_no_follow
 from target_side.fence.pidns import parent_of, pid_namespace, signal_namespace
@@ -609,6 +609,10 @@ class Session:
         asyncio.get_running_loop().remove_reader(child.pidfd)
         _, status = os.waitpid(child.pid, 0)
         child.done = True
+        if child.reaper is None:
+            # Its sandbox was never named: if bubblewrap's child outlived it, it is this
+            # launcher's child now, and dies before the server, told of the end, shuts its gate.
+            orphans.end_orphaned_sandboxes()
         close_all([child.pidfd, *([child.reaper] if child.reaper is not None else [])])
         code = os.waitstatus_to_exitcode(status)
         log.info("pid %d (uid %d) ended: %d", child.pid, child.uid, code)
@@ -1143,6 +1147,7 @@ def main(config: Path) -> int:
             )
         grants = Grants.load(settings)
         signals.stop_passing_on_inherited()  # the turns it starts inherit none of them
+        orphans.become_subreaper()
         asyncio.run(serve(grants, settings.fence.launcher))
     except (TargetError, OSError) as exc:
         print(f"paddock-target launcher: {exc}", file=sys.stderr)

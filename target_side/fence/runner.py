@@ -424,8 +424,9 @@ class RunningTurn:
                 )
                 return
             self._limit_failure = f"the turn's limits could not be applied; it did not run: {exc}"
+            # The gate stays shut until bubblewrap's end: where only bubblewrap could be
+            # killed, its child is killed as an orphan first (``fence.orphans``).
             self.kill()
-            self._close_gate()
             return
         if self._killed:
             # Killed before it was held (through the launcher: only bubblewrap could be, and

@@ -24,7 +24,7 @@ from fastapi import FastAPI
 
 from target_side.config import Settings
 from target_side.errors import TargetError
-from target_side.fence import signals
+from target_side.fence import orphans, signals
 from target_side.service.connections import ConnectionGuard, GuardedListener, guarded_http
 from target_side.service.log_repeats import collapse_repeats
 from target_side.service.log_writer import LogWriters, every_logger
@@ -114,6 +114,9 @@ def serve(settings: Settings) -> None:
     """
     collapse_repeats()
     kept = signals.stop_passing_on_inherited()
+    # The process is the target's own here (not an embedder's): a sandbox orphaned before
+    # it was held comes back to it, to be killed (``fence.orphans``).
+    orphans.become_subreaper()
     lock = StateLock.acquire(settings.state_root, settings.server.listen)
     try:
         server = settings.server
