@@ -1450,7 +1450,10 @@ MUTATIONS += (
         "target_side/fence/gate.py",
         "            if self._decided:\n                return False",
         "            if True:\n                return False",
-        ("tests/test_cancelled_start.py -k killed_as_it_starts",),
+        (
+            "tests/test_orphans.py -k killed_at_its_gate",
+            "tests/test_cancelled_start.py -k killed_as_it_starts",
+        ),
     ),
     Mutation(
         # The cursor closed before the client confirmed the last event: logs --follow repeats it.

@@ -54,6 +54,16 @@ def running(sandbox, marker):  # the command: a child of the sandbox's first pro
     except OSError:
         return False
 
+def anywhere(marker):  # the command running, whoever's child it is
+    wanted = f"sleep\\0{marker}\\0".encode()
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and open(f"/proc/{entry}/cmdline", "rb").read() == wanted:
+                return True
+        except OSError:
+            pass
+    return False
+
 assert orphans.become_subreaper()
 case = sys.argv[1]
 bwrap, sandbox, gate = at_its_gate()
@@ -70,6 +80,31 @@ if case == "watched":
     said["ran"] = running(sandbox, sys.argv[2])
     bwrap.wait()
     watch.ended()
+elif case == "killed_before_held":
+    # The turn killed before its sandbox was held: the watch kills the sandbox as it holds
+    # it, instead of opening its gate (bubblewrap alone killed would leave it to run).
+    status_read, status_write = os.pipe()
+    watched_gate, gate_write = os.pipe()
+    second = subprocess.Popen(
+        ["bwrap", "--unshare-pid", "--die-with-parent", "--ro-bind", "/", "/",
+         "--json-status-fd", str(status_write), "--block-fd", str(watched_gate),
+         "--", "sleep", sys.argv[2]],
+        pass_fds=(status_write, watched_gate),
+    )
+    os.close(status_write)
+    os.close(watched_gate)
+    watch = StartWatch(asyncio.new_event_loop(), Gate(status=status_read, block=gate_write))
+    said["deferred"] = watch.kill_when_held()
+    watch.started(second)
+    time.sleep(0.5)  # had its gate opened, its command would be running by now
+    said["ran"] = anywhere(sys.argv[2])
+    second.kill()
+    second.wait()
+    watch.ended()
+    bwrap.kill()  # the first one, at its gate all along: not this case's
+    bwrap.wait()
+    orphans.end_orphaned_sandboxes()
+    os.close(gate)
 elif case == "bystanders":
     # A live bubblewrap (its sandbox at its gate) and a plain child are nobody's orphans.
     plain = subprocess.Popen(["sleep", sys.argv[2]])
@@ -116,3 +151,8 @@ def test_only_sandboxes_orphaned_by_their_bubblewrap_are_killed() -> None:
     # and so without a parent-death signal) came to this process, and was killed.
     assert said["ended"] == [] and said["alive"] == [True, True, True], said
     assert said["after"] == [said["sandbox"]] and said["sandbox_alive"] is False, said
+
+
+def test_a_sandbox_killed_before_it_was_held_is_killed_at_its_gate() -> None:
+    said = _case("killed_before_held")
+    assert said["deferred"] is True and said["ran"] is False, said
