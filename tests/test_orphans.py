@@ -28,7 +28,7 @@ import asyncio, json, os, signal, subprocess, sys, time
 from target_side.fence import orphans
 from target_side.fence.gate import Gate, StartWatch
 
-def at_its_gate():
+def gated():  # bubblewrap started, its status pipe's read end and its gate's write end
     status_read, status_write = os.pipe()
     gate_read, gate_write = os.pipe()
     bwrap = subprocess.Popen(
@@ -40,6 +40,10 @@ def at_its_gate():
     )
     os.close(status_write)
     os.close(gate_read)
+    return bwrap, status_read, gate_write
+
+def at_its_gate():
+    bwrap, status_read, gate_write = gated()
     line = b""
     while b"\\n" not in line:  # a read may return part of the line
         line += os.read(status_read, 4096)
@@ -83,16 +87,7 @@ if case == "watched":
 elif case == "killed_before_held":
     # The turn killed before its sandbox was held: the watch kills the sandbox as it holds
     # it, instead of opening its gate (bubblewrap alone killed would leave it to run).
-    status_read, status_write = os.pipe()
-    watched_gate, gate_write = os.pipe()
-    second = subprocess.Popen(
-        ["bwrap", "--unshare-pid", "--die-with-parent", "--ro-bind", "/", "/",
-         "--json-status-fd", str(status_write), "--block-fd", str(watched_gate),
-         "--", "sleep", sys.argv[2]],
-        pass_fds=(status_write, watched_gate),
-    )
-    os.close(status_write)
-    os.close(watched_gate)
+    second, status_read, gate_write = gated()
     watch = StartWatch(asyncio.new_event_loop(), Gate(status=status_read, block=gate_write))
     said["deferred"] = watch.kill_when_held()
     watch.started(second)
