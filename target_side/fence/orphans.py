@@ -24,11 +24,12 @@ Standard library only: the privileged launcher imports it too.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import logging
 import os
 import signal
+
+from target_side.fence import raw_syscalls
 
 log = logging.getLogger("paddock.target")
 
@@ -37,12 +38,13 @@ PR_SET_CHILD_SUBREAPER = 36
 
 def become_subreaper() -> bool:
     """Make this process the reaper of its descendants' orphans; whether it now is."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+    try:
+        raw_syscalls.call("prctl", PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, LookupError) as exc:
         log.warning(
-            "cannot take in orphaned sandboxes (prctl: %s): a sandbox whose bubblewrap dies "
-            "before it is held would be left to run",
-            os.strerror(ctypes.get_errno()),
+            "cannot take in orphaned sandboxes (%s): a sandbox whose bubblewrap dies before "
+            "it is held would be left to run",
+            exc,
         )
         return False
     return True
