@@ -123,8 +123,11 @@ def _stamp_processes() -> None:
 
 def _dump(signum: int, frame: FrameType | None) -> None:
     done = {turn: steps for turn, steps in STAMPS.items() if "ended" in steps}
-    with open(OUT_FILE, "w") as out:
+    # Renamed into place: the bench reads the file as soon as it is there.
+    partial = f"{OUT_FILE}.part"
+    with open(partial, "w") as out:
         json.dump({"turns": done, "processes": PROCESSES}, out)
+    os.replace(partial, OUT_FILE)
     STAMPS.clear()
     PROCESSES.clear()
 

@@ -189,7 +189,6 @@ def _collect(pid: int, stamps: Path) -> tuple[Steps, list[tuple[str, float]]]:
     deadline = time.monotonic() + 5
     while not stamps.exists() and time.monotonic() < deadline:
         time.sleep(0.02)
-    time.sleep(0.05)  # written whole by then: one small file
     found = json.loads(stamps.read_text())
     return found["turns"], [(step, at) for step, at in found["processes"]]
 

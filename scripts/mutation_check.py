@@ -945,8 +945,8 @@ MUTATIONS += (
     Mutation(
         "log-queue-unbounded",
         "target_side/service/log_writer.py",
-        "            handoff = _Handoff(queue.Queue(HELD_RECORDS))\n",
-        "            handoff = _Handoff(queue.Queue())\n",
+        "        self.queue: queue.Queue[Line | None] = queue.Queue(HELD_RECORDS)\n",
+        "        self.queue: queue.Queue[Line | None] = queue.Queue()\n",
         ("tests/test_log_writer.py -k stops_reading",),
     ),
     Mutation(
@@ -1138,6 +1138,13 @@ MUTATIONS += (
         "            with contextlib.suppress(httpcore.WriteError):\n                self._send()",
         "            self._send()",
         ("tests/test_pool_transport.py -k would_not_take",),
+    ),
+    Mutation(
+        "log-lines-to-every-loggers-handlers",
+        "target_side/service/log_writer.py",
+        "            handoff = _Handoff(lines, handlers)\n",
+        "            handoff = _Handoff(lines, [*handlers, *(h for _, o in self._moved for h in o.handlers)])\n",
+        ("tests/test_log_writer.py -k one_thread",),
     ),
     Mutation(
         "log-writer-woken-at-once",

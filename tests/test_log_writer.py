@@ -182,3 +182,27 @@ def test_an_idle_writer_lets_the_moment_that_woke_it_pass_and_writes_what_came_w
     assert [m for _, m in handler.written] == [
         f"burst {b} line {n}" for b in range(3) for n in range(5)
     ]
+
+
+def test_one_thread_writes_every_loggers_lines_each_to_its_own_handlers(
+    logger: logging.Logger,
+) -> None:
+    """A turn's access line and its end line come from two loggers: one writer wakes for both."""
+    other = logging.getLogger("paddock.test.log_writer.other")
+    other.propagate = False
+    other.setLevel(logging.INFO)
+    mine, theirs = ThreadNoting(), ThreadNoting()
+    logger.addHandler(mine)
+    other.addHandler(theirs)
+    writers = LogWriters([logger, other])
+    try:
+        for number in range(20):
+            logger.info("access %d", number)
+            other.info("ended %d", number)
+    finally:
+        writers.stop()
+        other.handlers.clear()
+    assert mine.text.splitlines() == [f"access {n}" for n in range(20)]
+    assert theirs.text.splitlines() == [f"ended {n}" for n in range(20)]
+    assert len(set(mine.threads) | set(theirs.threads)) == 1
+    assert threading.get_ident() not in mine.threads
