@@ -2493,6 +2493,23 @@ MUTATIONS += (
         "            with contextlib.suppress(StorageError): record.spool.create(report=False)\n",
         ("tests/test_disk_full.py -k spool_the_disk",),
     ),
+    Mutation(
+        "sweep-leaves-torn-tails",
+        "target_side/service/store.py",
+        '        return [spool, *self.root.glob(f"{spool.name}.torn-*")]\n',
+        "        return [spool]\n",
+        (
+            "tests/test_durability.py -k retention_sweep",
+            "tests/test_ledger_recovery.py -k lost_and_found",
+        ),
+    ),
+    Mutation(
+        "spool-files-not-taken-back",
+        "target_side/service/store.py",
+        "            if turn_id != entry.name:\n                yield Unrecorded(turn_id=turn_id)\n            elif",
+        "            if",
+        ("tests/test_ledger_recovery.py -k leaves_its_spool_alone",),
+    ),
 )
 
 

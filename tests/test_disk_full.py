@@ -64,7 +64,7 @@ def _causes(c: httpx.Client) -> set[str]:
 
 def _spool_events(state: Path, turn_id: str) -> list[Event]:
     """The spool as it lies on disk: every record must be a whole event (else ValueError)."""
-    return events_on_disk(state / "turns" / turn_id / "events.frames")
+    return events_on_disk(state / "turns" / f"{turn_id}.frames")
 
 
 def _start_filling(target: TargetProcess, state: Path) -> tuple[str, str]:

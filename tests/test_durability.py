@@ -253,6 +253,9 @@ def test_retention_sweep_removes_old_finished_turns(tmp_path: Path, ca: trustme.
                 async for _ in r.aiter_lines():
                     pass
             manager = app.state.manager
+            turns = settings.state_root / "turns"
+            (turns / f"{turn['turn_id']}.frames.torn-20260101T000000.000000Z").write_bytes(b"x")
+            (turns / f"t-{'7' * 32}.frames.torn-20260101T000000.000000Z").write_bytes(b"y")
             kept = await manager.sweep(datetime.now(UTC))
             gone = await manager.sweep(datetime.now(UTC) + timedelta(hours=25))
             still = (await c.get(f"/v1/turns/{turn['turn_id']}")).status_code
@@ -260,7 +263,9 @@ def test_retention_sweep_removes_old_finished_turns(tmp_path: Path, ca: trustme.
 
     kept, gone, vanished = asyncio.run(scenario())
     assert (kept, gone, vanished) == (0, 1, True)
-    assert list((settings.state_root / "turns").iterdir()) == []
+    # The turn's spool and the tail cut off it go; another turn's file stays.
+    left = [p.name for p in (settings.state_root / "turns").iterdir()]
+    assert left == [f"t-{'7' * 32}.frames.torn-20260101T000000.000000Z"]
 
 
 @pytest.mark.parametrize(
@@ -308,7 +313,7 @@ def test_a_turns_output_is_on_disk_before_its_end_is_recorded(
             return str(turn["turn_id"])
 
     turn_id = asyncio.run(scenario())
-    spool = str(settings.state_root / "turns" / turn_id / "events.frames")
+    spool = str(settings.state_root / "turns" / f"{turn_id}.frames")
     synced = seen.index(("synced", spool))
     end = next(
         i for i, (what, text) in enumerate(seen) if '"kind":"end"' in text and turn_id in text
@@ -367,7 +372,7 @@ def test_kill_9_of_the_target_loses_the_turn_but_not_its_output(
             ).json()
             assert wait_until(lambda: bool(processes_with("sleep", marker)))
             # What the target had spooled survives it: wait until "before" is on disk.
-            spool = state / "turns" / turn["turn_id"] / "events.frames"
+            spool = state / "turns" / f"{turn['turn_id']}.frames"
             assert wait_until(lambda: spool.exists() and b"before" in spool.read_bytes())
             server.send_signal(signal.SIGKILL)
             server.wait(timeout=10)

@@ -121,7 +121,7 @@ def test_frames_carry_output_as_its_own_bytes_and_the_ended_turn(
     assert isinstance(end, ExitEvent) and end.turn is not None
     assert end.turn == Turn.model_validate(client.get(f"/v1/turns/{turn.turn_id}").json())
     # The spool holds exactly what was served: the file's bytes, frame for frame.
-    spool = target.settings.state_root / "turns" / turn.turn_id / "events.frames"
+    spool = target.settings.state_root / "turns" / f"{turn.turn_id}.frames"
     assert b"".join(records_on_disk(spool)) == b"".join(
         frames.encode_header(f.kind, f.seq, f.at_us, len(f.payload)) + f.payload for f in found
     )
@@ -229,12 +229,13 @@ def test_a_spool_from_before_frames_is_still_served_both_ways(tmp_path: Path) ->
             before = _frames_of(c, turn_id)
     finally:
         first.terminate()
-    turn_dir = root / "state" / "turns" / turn_id
-    # The same events, as a target before frames spooled them.
-    spooled = events_on_disk(turn_dir / "events.frames")
+    turns = root / "state" / "turns"
+    # The same events, as a target before frames spooled them, in the turn's own directory.
+    spooled = events_on_disk(turns / f"{turn_id}.frames")
     lines = [e.model_dump_json(exclude_none=True, exclude={"turn"}) + "\n" for e in spooled]
-    (turn_dir / "events.jsonl").write_text("".join(lines))
-    os.unlink(turn_dir / "events.frames")
+    (turns / turn_id).mkdir()
+    (turns / turn_id / "events.jsonl").write_text("".join(lines))
+    os.unlink(turns / f"{turn_id}.frames")
     again = TargetProcess.start(config, url, root / "again.log")
     try:
         with again.client() as c:
@@ -246,7 +247,8 @@ def test_a_spool_from_before_frames_is_still_served_both_ways(tmp_path: Path) ->
     assert b"".join(f.payload for f in after if f.kind == "stdout") == BYTES
     data = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data:")]
     assert [d["seq"] for d in data] == [f.seq for f in before]
-    assert not (turn_dir / "events.frames").exists()
+    assert sorted(p.name for p in turns.iterdir()) == [turn_id]
+    assert sorted(p.name for p in (turns / turn_id).iterdir()) == ["events.jsonl"]
 
 
 async def test_a_running_turns_tail_is_served_from_memory_as_the_file_has_it(

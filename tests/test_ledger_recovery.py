@@ -186,7 +186,15 @@ def test_a_mismatch_in_the_middle_stops_the_target_until_repaired(tmp_path: Path
     assert ended == set(turns)
 
 
-def test_torn_spool_tail_and_torn_record_are_cut_kept_and_the_turn_rebuilt(
+def _kept_as_an_earlier_version_did(state: Path, turn_id: str) -> Path:
+    """The turn's spool moved where earlier versions kept it: a directory of the turn's own."""
+    turn_dir = state / "turns" / turn_id
+    turn_dir.mkdir()
+    (state / "turns" / f"{turn_id}.frames").rename(turn_dir / "events.frames")
+    return turn_dir
+
+
+def test_a_torn_spool_tail_is_cut_kept_beside_it_and_the_turn_served_whole(
     tmp_path: Path,
 ) -> None:
     root = Path(canonical_path(tmp_path))
@@ -195,7 +203,72 @@ def test_torn_spool_tail_and_torn_record_are_cut_kept_and_the_turn_rebuilt(
     first = TargetProcess.start(config, url, root / "first.log")
     turn_id = _run_one_turn(first, ["echo", "hello"])
     first.terminate()
-    turn_dir = state / "turns" / turn_id
+    spool = state / "turns" / f"{turn_id}.frames"
+    *whole, exit_record = records_on_disk(spool)
+    torn = exit_record[:25]
+    spool.write_bytes(b"".join(whole) + torn)
+
+    again = TargetProcess.start(config, url, root / "again.log")
+    try:
+        with again.client() as c:
+            turn = c.get(f"/v1/turns/{turn_id}").json()
+            evs = events(c, turn_id)
+    finally:
+        again.terminate()
+    assert (turn["state"], turn["exit_code"]) == ("exited", 0)
+    assert [e.kind for e in evs] == ["started", "stdout", "exit"]
+    (kept,) = (state / "turns").glob(f"{turn_id}.frames.torn-*")
+    assert kept.read_bytes() == torn
+    cut = next(r["cut"] for r in _records(state) if r["kind"] == "recovery" and "cut" in r)
+    assert cut == {
+        "file": f"turns/{turn_id}.frames",
+        "bytes": len(torn),
+        "sha256": hashlib.sha256(torn).hexdigest(),
+        "kept": kept.name,
+    }
+
+
+def test_a_spool_nothing_can_be_rebuilt_from_goes_to_lost_and_found_with_its_torn_tail(
+    tmp_path: Path,
+) -> None:
+    """A turn made and never launched (a crash while it was built): no ledger line, no end."""
+    root = Path(canonical_path(tmp_path))
+    config, url = write_config(root)
+    state = root / "state"
+    first = TargetProcess.start(config, url, root / "first.log")
+    kept_turn = _run_one_turn(first, ["echo", "hello"])
+    first.terminate()
+    unlaunched = "t-" + "5" * 32
+    turns = state / "turns"
+    (turns / f"{unlaunched}.frames").write_bytes(b"")
+    (turns / f"{unlaunched}.frames.torn-20260101T000000.000000Z").write_bytes(b"half a record")
+
+    again = TargetProcess.start(config, url, root / "again.log")
+    try:
+        with again.client() as c:
+            assert c.get(f"/v1/turns/{unlaunched}").status_code == 404
+            assert c.get(f"/v1/turns/{kept_turn}").status_code == 200
+    finally:
+        again.terminate()
+    assert sorted(p.name for p in turns.iterdir()) == [f"{kept_turn}.frames"]
+    (moved,) = (state / "lost+found").iterdir()
+    assert moved.name.startswith(f"{unlaunched}.")
+    inside = sorted(p.name for p in moved.iterdir())
+    assert inside == [f"{unlaunched}.frames", f"{unlaunched}.frames.torn-20260101T000000.000000Z"]
+    record = next(r["record"] for r in _records(state) if r.get("turn_id") == unlaunched)
+    assert record["moved_to"] == f"lost+found/{moved.name}"  # type: ignore[index]
+
+
+def test_torn_spool_tail_and_torn_record_of_an_earlier_version_are_cut_kept_and_rebuilt(
+    tmp_path: Path,
+) -> None:
+    root = Path(canonical_path(tmp_path))
+    config, url = write_config(root)
+    state = root / "state"
+    first = TargetProcess.start(config, url, root / "first.log")
+    turn_id = _run_one_turn(first, ["echo", "hello"])
+    first.terminate()
+    turn_dir = _kept_as_an_earlier_version_did(state, turn_id)
     spool = turn_dir / "events.frames"
     # What a crash of the machine can leave: a spool record cut short, a record that is not JSON.
     *whole, _exit_record = records_on_disk(spool)
@@ -251,8 +324,8 @@ def test_an_ended_turn_leaves_its_spool_alone_and_comes_back_from_the_ledger(
             before = c.get(f"/v1/turns/{made['turn_id']}").json()
     finally:
         first.terminate()
-    turn_dir = state / "turns" / made["turn_id"]
-    assert sorted(p.name for p in turn_dir.iterdir()) == ["events.frames"]
+    turns = state / "turns"
+    assert sorted(p.name for p in turns.iterdir()) == [f"{made['turn_id']}.frames"]
 
     again = TargetProcess.start(config, url, root / "again.log")
     try:
@@ -268,7 +341,7 @@ def test_an_ended_turn_leaves_its_spool_alone_and_comes_back_from_the_ledger(
     assert [r for r in _records(state) if r["kind"] == "recovery"] == []
     ends = [r for r in _records(state) if r["kind"] == "end"]
     assert len(ends) == 1  # nothing recorded twice
-    assert sorted(p.name for p in turn_dir.iterdir()) == ["events.frames"]
+    assert sorted(p.name for p in turns.iterdir()) == [f"{made['turn_id']}.frames"]
 
 
 def test_an_earlier_versions_record_that_missed_its_end_is_ended_as_the_ledger_says(
@@ -282,7 +355,7 @@ def test_an_earlier_versions_record_that_missed_its_end_is_ended_as_the_ledger_s
     first = TargetProcess.start(config, url, root / "first.log")
     turn_id = _run_one_turn(first, ["echo", "hello"])
     first.terminate()
-    turn_dir = state / "turns" / turn_id
+    turn_dir = _kept_as_an_earlier_version_did(state, turn_id)
     (launch,) = [r for r in _records(state) if r["kind"] == "launch"]
     ended = next(r["turn"] for r in _records(state) if r["kind"] == "end")
     record = {"turn": launch["turn"], "idempotency": None}

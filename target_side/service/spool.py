@@ -6,7 +6,7 @@ each record are kept, so a reader can resume from any seq, and memory stays
 flat whatever a turn prints. The tail serves the followers that keep up with
 the turn from memory, without a read of the file.
 
-A spool is frames (``events.frames``, ``shared.frames``): a turn's output is
+A spool is frames (``TURN.frames``, ``shared.frames``): a turn's output is
 stored as the bytes it wrote, and the frame stream serves the file's bytes as
 they are; the event stream (SSE) turns each frame into the ``Event`` JSON it
 has always sent. Spools of turns run before frames (``events.jsonl``, one
@@ -73,8 +73,9 @@ def _ignore(_exc: StorageError) -> None:
 class EventSpool:
     """Append-only event log of one turn, with waiters woken on every append.
 
-    Its format follows its file name: ``events.frames`` (frames) or, for a turn
-    spooled before frames, ``events.jsonl`` (JSON lines). Opening an existing
+    Its format follows its file name: frames (``TURN.frames``; ``events.frames``
+    in a turn's own directory, as earlier versions kept it), or, for a turn
+    spooled before frames, JSON lines (``events.jsonl``). Opening an existing
     spool cuts a torn tail (see ``_index``); ``cut`` says what was cut, for the
     ledger. ``on_storage_error`` hears of every write the disk refused, before
     the caller does.

@@ -286,7 +286,8 @@ class TurnManager:
         known = latest.get(turn_id)
         spool = EventSpool(self.store.spool_path(turn_id), self._storage_failed)
         if spool.cut is not None:
-            cut = spool.cut.facts() | {"file": f"turns/{turn_id}/{spool.cut.file}"}
+            where = spool.path.parent.relative_to(self.settings.state_root)
+            cut = spool.cut.facts() | {"file": str(where / spool.cut.file)}
             await self._ledger_append("recovery", turn_id=turn_id, cut=cut)
         if isinstance(item, StoredTurn):
             # A record an earlier version wrote: believed as far as the ledger agrees.
