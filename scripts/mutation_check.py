@@ -1503,9 +1503,31 @@ MUTATIONS += (
         # Every child killed, bubblewrap and helpers too, not only sandboxes in a namespace below.
         "orphan-hunt-kills-bystanders",
         "target_side/fence/orphans.py",
-        "        if _namespace_depth(pid) <= _own_depth():",
-        "        if False:",
+        "    return [pid for pid in _children() if _namespace_depth(pid) > _own_depth()]",
+        "    return list(_children())",
         ("tests/test_orphans.py -k only_sandboxes",),
+    ),
+    Mutation(
+        "turns-sandboxes-left-as-zombies",
+        "target_side/fence/nursery.py",
+        "        orphans.reap_orphaned_sandboxes()\n",
+        "",
+        ("tests/test_orphans.py -k bubblewrap_leaves_it",),
+    ),
+    Mutation(
+        "launcher-leaves-its-sandboxes-as-zombies",
+        "target_side/fence/launcher.py",
+        "            orphans.reap_orphaned_sandboxes()",
+        "            pass",
+        ("tests/test_launcher.py -k bubblewrap_leaves_it",),
+    ),
+    Mutation(
+        # The thread that sweeps, not the main thread, to which the kernel gives orphans.
+        "orphan-sweep-looks-at-the-wrong-thread",
+        "target_side/fence/orphans.py",
+        "open(f\"/proc/self/task/{os.getpid()}/children\", \"rb\")",
+        "open(f\"/proc/self/task/{threading.get_native_id()}/children\", \"rb\")",
+        ("tests/test_orphans.py -k bubblewrap_leaves_it",),
     ),
     Mutation(
         "unfollowed-spawn-left-running",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import ssl
@@ -297,6 +298,19 @@ def processes_with(*argv: str) -> list[int]:
             continue
         if cmdline == wanted:
             found.append(int(entry))
+    return found
+
+
+def zombies_of(pid: int) -> list[str]:
+    """The names of the children of process ``pid`` that have ended and wait to be reaped."""
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as children:
+            for child in children.read().split():
+                with contextlib.suppress(OSError), open(f"/proc/{child}/stat") as stat:
+                    name, _, rest = stat.read().rpartition(")")
+                    if rest.split()[0] == "Z":
+                        found.append(name.partition("(")[2])
     return found
 
 

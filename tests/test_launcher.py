@@ -48,6 +48,7 @@ from conftest import (
     sha,
     submit,
     wait_until,
+    zombies_of,
 )
 from process_support import (
     ABSTRACT_CONNECT,
@@ -1032,6 +1033,20 @@ def test_launcher_kills_a_sandbox_whose_bubblewrap_it_killed_before_it_was_held(
     finally:
         for pid in processes_with("sleep", marker):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_launcher_reaps_the_sandboxes_bubblewrap_leaves_it(
+    host: Host, client: httpx.Client
+) -> None:
+    """bubblewrap exits as its sandbox's first process reports the command's status, often
+    before that process is gone, and the launcher, a subreaper, is given it: unreaped, each
+    turn left a zombie counted against the turns' pids bound until no turn could start."""
+    for _ in range(4):
+        turn, evs = run(client, ["true"])
+        assert turn.exit_code == 0, evs
+    assert host.launcher is not None
+    launcher = host.launcher.pid
+    assert wait_until(lambda: not zombies_of(launcher), timeout=5), zombies_of(launcher)
 
 
 def _first_word(path: Path) -> dict[str, object]:

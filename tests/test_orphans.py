@@ -16,10 +16,14 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
-from conftest import processes_with
-from process_support import REPO
+from conftest import events, processes_with, wait_until, zombies_of
+from process_support import REPO, TargetProcess, write_config
 
+from shared.walk import canonical_path
+
+TURNS = 6
 MARKER = "29.75"
 """The sandbox's command: ``sleep MARKER``, found on the host if it ever runs."""
 
@@ -151,3 +155,22 @@ def test_only_sandboxes_orphaned_by_their_bubblewrap_are_killed() -> None:
 def test_a_sandbox_killed_before_it_was_held_is_killed_at_its_gate() -> None:
     said = _case("killed_before_held")
     assert said["deferred"] is True and said["ran"] is False, said
+
+
+def test_a_target_reaps_the_sandboxes_bubblewrap_leaves_it(tmp_path: Path) -> None:
+    """bubblewrap exits as soon as its sandbox's first process reports the command's status,
+    often before that process is gone; the target, a subreaper, is given it. Unreaped, each
+    turn left a zombie, counted against the turns' pids bound until no turn could start."""
+    root = Path(canonical_path(tmp_path))
+    config, url = write_config(root)
+    target = TargetProcess.start(config, url, root / "target.log")
+    try:
+        with target.client() as client:
+            for _ in range(TURNS):
+                turn = client.post("/v1/turns", json={"role": "builder", "argv": ["true"]})
+                assert events(client, turn.json()["turn_id"])[-1].kind == "exit"
+        assert wait_until(lambda: not zombies_of(target.proc.pid), timeout=5), zombies_of(
+            target.proc.pid
+        )
+    finally:
+        target.terminate()

@@ -613,6 +613,8 @@ class Session:
             # Its sandbox was never named: if bubblewrap's child outlived it, it is this
             # launcher's child now, and dies before the server, told of the end, shuts its gate.
             orphans.end_orphaned_sandboxes()
+        else:
+            orphans.reap_orphaned_sandboxes()  # the sandbox's first process, handed to us
         close_all([child.pidfd, *([child.reaper] if child.reaper is not None else [])])
         code = os.waitstatus_to_exitcode(status)
         log.info("pid %d (uid %d) ended: %d", child.pid, child.uid, code)

@@ -52,7 +52,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from target_side.fence import landlock, thread_ids
+from target_side.fence import landlock, orphans, thread_ids
 from target_side.fence.cgroupfs import TURN_PREFIX, write_control
 
 log = logging.getLogger("paddock.target")
@@ -189,6 +189,8 @@ class Worker:
         if watch is not None:
             _tell(watch.ended)
         self._report(self.ended, status)
+        # Its sandbox's first process, handed to us as bubblewrap exited (``fence.orphans``).
+        orphans.reap_orphaned_sandboxes()
 
     def _settle(self) -> None:
         """Move this thread into a fresh slot below each parent; on any failure, into none."""
