@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from conftest import events
 from process_support import REPO, TargetProcess, wait_for_exit, write_config
 
 from shared.walk import canonical_path
-from shared.wire import EVENTS
+from shared.wire import EVENTS, Event
 from target_side.service import ledger
 from target_side.service.spool import records_on_disk
 
@@ -186,6 +187,41 @@ def test_a_mismatch_in_the_middle_stops_the_target_until_repaired(tmp_path: Path
     assert ended == set(turns)
 
 
+@dataclass
+class _Stopped:
+    """A state root after one ``echo hello`` turn, its target stopped."""
+
+    root: Path
+    config: Path
+    url: str
+    turn_id: str
+
+    @property
+    def state(self) -> Path:
+        return self.root / "state"
+
+    def spool(self) -> Path:
+        return self.state / "turns" / f"{self.turn_id}.frames"
+
+    def served_again(self) -> tuple[dict[str, object], list[Event]]:
+        """The turn and its events, from a target started again on the same state root."""
+        again = TargetProcess.start(self.config, self.url, self.root / "again.log")
+        try:
+            with again.client() as c:
+                return c.get(f"/v1/turns/{self.turn_id}").json(), events(c, self.turn_id)
+        finally:
+            again.terminate()
+
+
+def _after_one_turn(tmp_path: Path) -> _Stopped:
+    root = Path(canonical_path(tmp_path))
+    config, url = write_config(root)
+    first = TargetProcess.start(config, url, root / "first.log")
+    turn_id = _run_one_turn(first, ["echo", "hello"])
+    first.terminate()
+    return _Stopped(root, config, url, turn_id)
+
+
 def _kept_as_an_earlier_version_did(state: Path, turn_id: str) -> Path:
     """The turn's spool moved where earlier versions kept it: a directory of the turn's own."""
     turn_dir = state / "turns" / turn_id
@@ -197,31 +233,21 @@ def _kept_as_an_earlier_version_did(state: Path, turn_id: str) -> Path:
 def test_a_torn_spool_tail_is_cut_kept_beside_it_and_the_turn_served_whole(
     tmp_path: Path,
 ) -> None:
-    root = Path(canonical_path(tmp_path))
-    config, url = write_config(root)
-    state = root / "state"
-    first = TargetProcess.start(config, url, root / "first.log")
-    turn_id = _run_one_turn(first, ["echo", "hello"])
-    first.terminate()
-    spool = state / "turns" / f"{turn_id}.frames"
+    stopped = _after_one_turn(tmp_path)
+    spool = stopped.spool()
     *whole, exit_record = records_on_disk(spool)
     torn = exit_record[:25]
     spool.write_bytes(b"".join(whole) + torn)
 
-    again = TargetProcess.start(config, url, root / "again.log")
-    try:
-        with again.client() as c:
-            turn = c.get(f"/v1/turns/{turn_id}").json()
-            evs = events(c, turn_id)
-    finally:
-        again.terminate()
+    turn, evs = stopped.served_again()
     assert (turn["state"], turn["exit_code"]) == ("exited", 0)
     assert [e.kind for e in evs] == ["started", "stdout", "exit"]
-    (kept,) = (state / "turns").glob(f"{turn_id}.frames.torn-*")
+    (kept,) = spool.parent.glob(f"{spool.name}.torn-*")
     assert kept.read_bytes() == torn
-    cut = next(r["cut"] for r in _records(state) if r["kind"] == "recovery" and "cut" in r)
+    records = _records(stopped.state)
+    cut = next(r["cut"] for r in records if r["kind"] == "recovery" and "cut" in r)
     assert cut == {
-        "file": f"turns/{turn_id}.frames",
+        "file": f"turns/{spool.name}",
         "bytes": len(torn),
         "sha256": hashlib.sha256(torn).hexdigest(),
         "kept": kept.name,
@@ -232,42 +258,29 @@ def test_a_spool_nothing_can_be_rebuilt_from_goes_to_lost_and_found_with_its_tor
     tmp_path: Path,
 ) -> None:
     """A turn made and never launched (a crash while it was built): no ledger line, no end."""
-    root = Path(canonical_path(tmp_path))
-    config, url = write_config(root)
-    state = root / "state"
-    first = TargetProcess.start(config, url, root / "first.log")
-    kept_turn = _run_one_turn(first, ["echo", "hello"])
-    first.terminate()
+    stopped = _after_one_turn(tmp_path)
     unlaunched = "t-" + "5" * 32
-    turns = state / "turns"
+    turns = stopped.spool().parent
     (turns / f"{unlaunched}.frames").write_bytes(b"")
     (turns / f"{unlaunched}.frames.torn-20260101T000000.000000Z").write_bytes(b"half a record")
 
-    again = TargetProcess.start(config, url, root / "again.log")
-    try:
-        with again.client() as c:
-            assert c.get(f"/v1/turns/{unlaunched}").status_code == 404
-            assert c.get(f"/v1/turns/{kept_turn}").status_code == 200
-    finally:
-        again.terminate()
-    assert sorted(p.name for p in turns.iterdir()) == [f"{kept_turn}.frames"]
-    (moved,) = (state / "lost+found").iterdir()
+    turn, _ = stopped.served_again()
+    assert turn["state"] == "exited"  # the turn the ledger knows stays
+    assert sorted(p.name for p in turns.iterdir()) == [stopped.spool().name]
+    (moved,) = (stopped.state / "lost+found").iterdir()
     assert moved.name.startswith(f"{unlaunched}.")
     inside = sorted(p.name for p in moved.iterdir())
     assert inside == [f"{unlaunched}.frames", f"{unlaunched}.frames.torn-20260101T000000.000000Z"]
-    record = next(r["record"] for r in _records(state) if r.get("turn_id") == unlaunched)
+    records = _records(stopped.state)
+    record = next(r["record"] for r in records if r.get("turn_id") == unlaunched)
     assert record["moved_to"] == f"lost+found/{moved.name}"  # type: ignore[index]
 
 
 def test_torn_spool_tail_and_torn_record_of_an_earlier_version_are_cut_kept_and_rebuilt(
     tmp_path: Path,
 ) -> None:
-    root = Path(canonical_path(tmp_path))
-    config, url = write_config(root)
-    state = root / "state"
-    first = TargetProcess.start(config, url, root / "first.log")
-    turn_id = _run_one_turn(first, ["echo", "hello"])
-    first.terminate()
+    stopped = _after_one_turn(tmp_path)
+    state, turn_id = stopped.state, stopped.turn_id
     turn_dir = _kept_as_an_earlier_version_did(state, turn_id)
     spool = turn_dir / "events.frames"
     # What a crash of the machine can leave: a spool record cut short, a record that is not JSON.
@@ -278,13 +291,7 @@ def test_torn_spool_tail_and_torn_record_of_an_earlier_version_are_cut_kept_and_
     torn_record = b'{"turn": {"turn_id": "' + turn_id.encode()
     (turn_dir / "record.json").write_bytes(torn_record)
 
-    again = TargetProcess.start(config, url, root / "again.log")
-    try:
-        with again.client() as c:
-            turn = c.get(f"/v1/turns/{turn_id}").json()
-            evs = events(c, turn_id)
-    finally:
-        again.terminate()
+    turn, evs = stopped.served_again()
     assert (turn["state"], turn["exit_code"]) == ("exited", 0)
     assert [e.kind for e in evs] == ["started", "stdout", "exit"]
     assert evs[-1].exit_code == 0  # type: ignore[union-attr]
@@ -349,13 +356,9 @@ def test_an_earlier_versions_record_that_missed_its_end_is_ended_as_the_ledger_s
 ) -> None:
     """Earlier versions wrote a record after the ledger's end line, lazily: a crash of the
     machine could leave it saying ``running`` and the spool without its end."""
-    root = Path(canonical_path(tmp_path))
-    config, url = write_config(root)
-    state = root / "state"
-    first = TargetProcess.start(config, url, root / "first.log")
-    turn_id = _run_one_turn(first, ["echo", "hello"])
-    first.terminate()
-    turn_dir = _kept_as_an_earlier_version_did(state, turn_id)
+    stopped = _after_one_turn(tmp_path)
+    state = stopped.state
+    turn_dir = _kept_as_an_earlier_version_did(state, stopped.turn_id)
     (launch,) = [r for r in _records(state) if r["kind"] == "launch"]
     ended = next(r["turn"] for r in _records(state) if r["kind"] == "end")
     record = {"turn": launch["turn"], "idempotency": None}
@@ -364,18 +367,13 @@ def test_an_earlier_versions_record_that_missed_its_end_is_ended_as_the_ledger_s
     *whole, _exit = records_on_disk(spool)
     spool.write_bytes(b"".join(whole))
 
-    again = TargetProcess.start(config, url, root / "again.log")
-    try:
-        with again.client() as c:
-            turn = c.get(f"/v1/turns/{turn_id}").json()
-            evs = events(c, turn_id)
-    finally:
-        again.terminate()
+    turn, evs = stopped.served_again()
     assert (turn["state"], turn["exit_code"]) == ("exited", 0)  # not lost: it did end
     assert turn["usage"] == ended["usage"]  # type: ignore[index]
     assert [e.kind for e in evs] == ["started", "stdout", "exit"]
     assert evs[-1].exit_code == 0  # type: ignore[union-attr]
-    ends = [r for r in _records(state) if r["kind"] == "end" and r["turn"]["turn_id"] == turn_id]  # type: ignore[index]
+    ends = [r["turn"] for r in _records(state) if r["kind"] == "end"]
+    ends = [t for t in ends if t["turn_id"] == stopped.turn_id]  # type: ignore[index]
     assert len(ends) == 1  # the ledger had it already: nothing recorded twice
 
 
