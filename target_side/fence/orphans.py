@@ -78,8 +78,8 @@ def become_subreaper() -> bool:
 
 def reap_orphaned_sandboxes() -> list[int]:
     """After a bubblewrap was reaped: reap the sandboxes handed to this process, killing any
-    still alive, without waiting for one that does not die at once (the next sweep reaps
-    it); their pids. Nothing to do in a process that takes in no orphans."""
+    still alive and waiting ``DYING_S`` at most for each to die (the next sweep reaps a
+    slower one); their pids. Nothing to do in a process that takes in no orphans."""
     if not _is_subreaper:
         return []
     with _sweeping:
