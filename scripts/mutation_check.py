@@ -4,16 +4,26 @@
 Each mutation is applied to a private copy of the tree (never the working
 tree), the tests that defend the rule are run there, and the mutation passes
 only if they FAIL. Run: ``.venv/bin/python scripts/mutation_check.py all`` (or NAME ...).
+
+A mutation that lets a sandbox escape leaves it running after its tests, and
+the tests of the next run (this one's or the suite's) would find it by its
+marker and fail for it. So the checker takes in its descendants' orphans (a
+child subreaper) and ends whatever is left after each test run.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from target_side.fence import orphans
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -1525,8 +1535,8 @@ MUTATIONS += (
         # The thread that sweeps, not the main thread, to which the kernel gives orphans.
         "orphan-sweep-looks-at-the-wrong-thread",
         "target_side/fence/orphans.py",
-        "open(f\"/proc/self/task/{os.getpid()}/children\", \"rb\")",
-        "open(f\"/proc/self/task/{threading.get_native_id()}/children\", \"rb\")",
+        'open(f"/proc/self/task/{os.getpid()}/children", "rb")',
+        'open(f"/proc/self/task/{threading.get_native_id()}/children", "rb")',
         ("tests/test_orphans.py -k bubblewrap_leaves_it",),
     ),
     Mutation(
@@ -2419,8 +2429,34 @@ def _red(tree: Path, spec: str) -> bool:
     argv += [basetemp, path]
     if expr:
         argv += ["-k", expr]
-    result = subprocess.run(argv, cwd=tree, capture_output=True, text=True, timeout=600)
+    try:
+        result = subprocess.run(argv, cwd=tree, capture_output=True, text=True, timeout=600)
+    finally:
+        _end_leftovers()
     return result.returncode == 1
+
+
+def _end_leftovers() -> None:
+    """Kill and reap every process a test run left behind, now this one's children. Killing
+    an escaped bubblewrap hands its sandbox over in turn, hence the rounds."""
+    for _ in range(20):
+        left = _children()
+        if not left:
+            return
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in left:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+
+
+def _children() -> set[int]:
+    found: set[int] = set()
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError), open(f"/proc/self/task/{task}/children") as f:
+            found.update(int(pid) for pid in f.read().split())
+    return found
 
 
 USAGE = (
@@ -2546,6 +2582,7 @@ def main() -> int:
         print("known: " + " ".join(sorted(known)), file=sys.stderr)
         return 2
     chosen = [m for m in MUTATIONS if "all" in names or m.name in names]
+    orphans.become_subreaper()
     results = [run(m) for m in chosen]
     print(f"{sum(results)}/{len(results)} mutations caught")
     return 0 if all(results) else 1
