@@ -1513,8 +1513,8 @@ MUTATIONS += (
         # Every child killed, bubblewrap and helpers too, not only sandboxes in a namespace below.
         "orphan-hunt-kills-bystanders",
         "target_side/fence/orphans.py",
-        "    return [pid for pid in _children() if _namespace_depth(pid) > _own_depth()]",
-        "    return list(_children())",
+        "    return [pid for pid in children() if _namespace_depth(pid) > _own_depth()]",
+        "    return list(children())",
         ("tests/test_orphans.py -k only_sandboxes",),
     ),
     Mutation(
@@ -2440,7 +2440,7 @@ def _end_leftovers() -> None:
     """Kill and reap every process a test run left behind, now this one's children. Killing
     an escaped bubblewrap hands its sandbox over in turn, hence the rounds."""
     for _ in range(20):
-        left = _children()
+        left = orphans.children()
         if not left:
             return
         for pid in left:
@@ -2449,14 +2449,6 @@ def _end_leftovers() -> None:
         for pid in left:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
-
-
-def _children() -> set[int]:
-    found: set[int] = set()
-    for task in os.listdir("/proc/self/task"):
-        with contextlib.suppress(OSError), open(f"/proc/self/task/{task}/children") as f:
-            found.update(int(pid) for pid in f.read().split())
-    return found
 
 
 USAGE = (
@@ -2554,8 +2546,8 @@ MUTATIONS += (
     Mutation(
         "sweep-leaves-torn-tails",
         "target_side/service/store.py",
-        '        return [spool, *self.root.glob(f"{spool.name}.torn-*")]\n',
-        "        return [spool]\n",
+        '            return [Path(e.path) for e in entries if e.name.partition(".")[0] in turn_ids]\n',
+        '            return [Path(e.path) for e in entries if e.name in {f"{t}.frames" for t in turn_ids}]\n',
         (
             "tests/test_durability.py -k retention_sweep",
             "tests/test_ledger_recovery.py -k lost_and_found",

@@ -108,7 +108,7 @@ def end_orphaned_sandboxes() -> list[int]:
 def _orphaned() -> list[int]:
     """Children of this process in a pid namespace below its own: only a sandbox's first
     process is (bubblewrap itself and every helper live in ours)."""
-    return [pid for pid in _children() if _namespace_depth(pid) > _own_depth()]
+    return [pid for pid in children() if _namespace_depth(pid) > _own_depth()]
 
 
 def _end(pid: int, within_s: float | None) -> bool:
@@ -136,8 +136,9 @@ def _dead_within(pid: int, within_s: float) -> None:
         os.close(pidfd)
 
 
-def _children() -> set[int]:
-    """The children of this process's main thread, to which the kernel gives its orphans."""
+def children() -> set[int]:
+    """The children of this process's main thread, to which the kernel gives its orphans
+    (and which a single-threaded program starts its own from)."""
     with contextlib.suppress(OSError), open(f"/proc/self/task/{os.getpid()}/children", "rb") as f:
         return {int(pid) for pid in f.read().split()}
     return set()

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -101,22 +102,30 @@ class TurnStore:
             legacy.rename(moved)
             return moved
         moved.mkdir(mode=0o700)
-        for path in self._files_of(turn_id):
+        for path in self._paths_of({turn_id}):
             path.rename(moved / path.name)
         return moved
 
-    def remove(self, turn_id: str) -> None:
-        # The server's own files: no turn ever wrote into this directory.
-        for path in self._files_of(turn_id):
+    def remove(self, turn_ids: Collection[str]) -> None:
+        """Remove these turns from disk: their spools, the tails cut off them, and an earlier
+        version's directories. The server's own files: no turn ever wrote into them."""
+        for path in self._paths_of(set(turn_ids)):
             with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-        with contextlib.suppress(FileNotFoundError):
-            shutil.rmtree(self._legacy_dir(turn_id))
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
 
-    def _files_of(self, turn_id: str) -> list[Path]:
-        """The turn's spool and every tail cut off it (``TURN.frames.torn-STAMP``)."""
-        spool = self.new_spool_path(turn_id)
-        return [spool, *self.root.glob(f"{spool.name}.torn-*")]
+    def _paths_of(self, turn_ids: set[str]) -> list[Path]:
+        """Every name in ``turns/`` that belongs to one of ``turn_ids``: ``TURN.frames``, its
+        torn tails (``TURN.frames.torn-STAMP``), an earlier version's ``TURN/``. One listing
+        for them all: a retention sweep removes thousands of turns from a directory of
+        thousands, and a listing per turn would make it quadratic."""
+        if not turn_ids:
+            return []
+        with contextlib.suppress(FileNotFoundError), os.scandir(self.root) as entries:
+            return [Path(e.path) for e in entries if e.name.partition(".")[0] in turn_ids]
+        return []
 
     def _legacy_dir(self, turn_id: str) -> Path:
         return self.root / turn_id

@@ -1083,7 +1083,8 @@ class TurnManager:
             if record.stored.idempotency:
                 self._idempotency.pop(record.stored.idempotency, None)
             record.spool.close()
-            await asyncio.to_thread(self.store.remove, record.turn.turn_id)
+        if gone:
+            await asyncio.to_thread(self.store.remove, [r.turn.turn_id for r in gone])
         await self.sessions.sweep(moment, retention)
         return len(gone)
 
