@@ -121,8 +121,8 @@ def test_ledger_records_launch_and_outcome_without_env_values(
     turn, _ = run(client, ["true"], env={"API_KEY": "s3cret-value-never-logged"})
     text = (target.settings.state_root / "ledger.jsonl").read_text()
     assert "s3cret-value-never-logged" not in text
-    records = [json.loads(line) for line in text.splitlines() if turn.turn_id in line]
-    launch, end = records
+    records = ledger.read_records(target.settings.state_root)
+    launch, end = [r for r in records if r.get("turn", {}).get("turn_id") == turn.turn_id]
     assert launch["kind"] == "launch" and end["kind"] == "end"
     assert "API_KEY" in launch["env_names"]
     assert launch["executable"]["path"] == "/usr/bin/true"
@@ -133,8 +133,8 @@ def test_ledger_records_launch_and_outcome_without_env_values(
 
 def test_ledger_refusal_is_recorded(client: httpx.Client, target: Target) -> None:
     turn, _ = run(client, ["cat"], fs={"read": ["/etc/shadow"]})
-    lines = (target.settings.state_root / "ledger.jsonl").read_text().splitlines()
-    end = json.loads(next(line for line in lines if turn.turn_id in line))
+    records = ledger.read_records(target.settings.state_root)
+    end = next(r for r in records if r.get("turn", {}).get("turn_id") == turn.turn_id)
     assert end["turn"]["refusal"]["rule"] == "forbidden-path"
     assert end["request"]["argv"] == ["cat"]
 

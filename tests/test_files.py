@@ -11,7 +11,6 @@ import base64
 import gzip
 import hashlib
 import io
-import json
 import os
 import random
 import socket
@@ -31,6 +30,7 @@ from conftest import BUILDER_TOKEN, OTHER_TOKEN, Target, make_settings, reachabl
 from shared.walk import canonical_path
 from shared.wire import ArchiveWritten, FileListing, FileWritten, RefusedProblem
 from target_side.config import FenceConfig, RoleLimits
+from target_side.service import ledger
 from target_side.service.server import ServerThread
 
 FILE_MB = 8
@@ -596,8 +596,8 @@ def test_archive_get_of_a_forbidden_directory_is_refused(client: httpx.Client) -
 
 
 def file_records(target: Target, path: str) -> list[dict[str, object]]:
-    lines = (target.settings.state_root / "ledger.jsonl").read_text().splitlines()
-    records = [json.loads(line) for line in lines]
+    # Whole records only: the server may be appending one as this reads.
+    records = ledger.read_records(target.settings.state_root)
     return [r for r in records if r.get("kind") == "file" and r.get("path") == path]
 
 

@@ -8,7 +8,6 @@ seat, expiry, ``require_lease``, the ledger's records, a restart.
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
 from collections.abc import Iterator
@@ -37,7 +36,7 @@ from shared.wire import Lease, LeaseRef, Turn
 from target_side.config import RoleConfig, Settings
 from target_side.errors import LeaseEnded, RefusedError, SeatHeld, UnknownLease
 from target_side.service.leases import LEASE_DIR, LeaseBook
-from target_side.service.ledger import Ledger
+from target_side.service.ledger import Ledger, read_records
 from target_side.service.server import ServerThread
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -523,9 +522,7 @@ def test_lease_records_are_in_the_ledger_and_generations_survive_a_restart(
         assert _lease(_take(c, "kept", supersede=True)).generation == 5
         assert run(c, ["true"], lease=_ref(fourth))[0].refusal is not None
         assert c.get("/v1/turns").status_code == 200  # lease records are no turns to list
-    records = [
-        json.loads(line) for line in (settings.state_root / "ledger.jsonl").read_text().splitlines()
-    ]
+    records = list(read_records(settings.state_root))
     leases = [(r["event"], r["lease"]["generation"]) for r in records if r["kind"] == "lease"]
     assert leases == [
         ("grant", 1),

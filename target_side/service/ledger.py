@@ -243,8 +243,7 @@ class Ledger:
 
     def records(self) -> Iterator[dict[str, Any]]:
         """Every whole record, oldest first (a line being appended right now is not one yet)."""
-        for _, line in _whole_lines(self.path):
-            yield json.loads(line)
+        return read_records(self.path.parent)
 
     def records_of(self, kind: str) -> Iterator[dict[str, Any]]:
         """Every whole record of ``kind``, oldest first; other lines are passed over unparsed."""
@@ -288,6 +287,13 @@ class _Append:
     before: Callable[[], object] | None
     outcome: bool | BaseException | None = None
     """Set by the thread that committed it: written, held, or what the commit raised."""
+
+
+def read_records(state_root: Path) -> Iterator[dict[str, Any]]:
+    """Every whole record of the ledger in ``state_root``, oldest first, read without opening
+    it for writing: a reader beside a running server never sees a line half-appended."""
+    for _, line in _whole_lines(state_root / LEDGER):
+        yield json.loads(line)
 
 
 def _cut_back(fd: int, size: int) -> None:
