@@ -304,11 +304,15 @@ def test_ssh_cli_ctrl_c_reaches_the_turn_through_the_tunnel(
     assert wait_until(lambda: not processes_with("sleep", marker))
 
 
-def mux_ready(home: Path) -> None:
-    """Wait until the multiplexer the last run started (for ``home``'s routes) answers."""
+def mux_ready(home: Path, args: list[str]) -> None:
+    """Wait until the multiplexer the last run started for this route (``args``) answers.
+
+    Asked of that route's daemon alone: the session's other tests keep theirs in
+    the same runtime directory, and any of them answering says nothing of this one.
+    """
 
     def answers() -> bool:
-        status = paddock("mux", "status", "--json", home=home)
+        status = paddock("mux", "status", *args, "--json", home=home)
         return any(json.loads(line).get("t") == "status" for line in status.stdout.splitlines())
 
     assert wait_until(answers, timeout=30), "no multiplexer came up"
@@ -321,7 +325,7 @@ def test_ssh_cli_runs_share_one_connection_through_the_mux(
     before = sshd.accepted_logins()
     first = paddock("run", *args, "--", "echo", "first", home=home)  # in-process
     assert (first.returncode, first.stdout) == (0, b"first\n"), first.stderr
-    mux_ready(home)
+    mux_ready(home, args)
     for n in range(3):
         result = paddock("run", *args, "--", "echo", str(n), home=home)
         assert (result.returncode, result.stdout) == (0, f"{n}\n".encode()), result.stderr
@@ -336,7 +340,7 @@ def test_ssh_cli_mux_reconnects_after_its_connection_is_killed(
 ) -> None:
     args = via_ssh(sshd, known_hosts, listener)
     assert paddock("run", *args, "--", "true", home=home).returncode == 0
-    mux_ready(home)
+    mux_ready(home, args)
     assert paddock("run", *args, "--", "true", home=home).returncode == 0
     assert sshd.kill_sessions() >= 1  # the multiplexer's connection dies under it
     result = paddock("run", *args, "--", "echo", "back", home=home)
@@ -347,7 +351,7 @@ def test_ssh_cli_mux_passphrase_from_the_environment(sshd, known_hosts, listener
     args = via_ssh(sshd, known_hosts, listener, key=sshd.locked_key)
     secret = {"PADDOCK_SSH_PASSPHRASE": CLIENT_PASSPHRASE}
     assert paddock("run", *args, "--", "true", home=home, **secret).returncode == 0
-    mux_ready(home)
+    mux_ready(home, args)
     result = paddock("run", *args, "--", "echo", "unlocked", home=home, **secret)
     assert (result.returncode, result.stdout) == (0, b"unlocked\n"), result.stderr
     assert CLIENT_PASSPHRASE.encode() not in result.stderr
