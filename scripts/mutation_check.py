@@ -2563,6 +2563,38 @@ MUTATIONS += (
 )
 
 
+MUTATIONS += (
+    Mutation(
+        "ended-turns-never-rest",
+        "target_side/service/turns.py",
+        "        spool = record.spool.at_rest()\n        if spool is None:\n            return\n",
+        "        spool = None\n        if spool is None:\n            return\n",
+        ("tests/test_durability.py -k rest_and_answer",),
+    ),
+    Mutation(
+        "woken-spool-loses-its-index",
+        "target_side/service/spool.py",
+        "        spool._offsets, spool._kinds, spool._size = offsets, kinds, size\n",
+        "        spool._offsets, spool._kinds, spool._size = offsets[:-1], kinds[:-1], size\n",
+        ("tests/test_durability.py -k rest_and_answer",),
+    ),
+    Mutation(
+        "sweep-passes-over-resting-turns",
+        "target_side/service/turns.py",
+        "        resting = [(turn_id, r[2]) for turn_id, r in self._resting.items() if r[1] < oldest]\n",
+        "        resting: list[tuple[str, str | None]] = []\n",
+        ("tests/test_durability.py -k rest_and_answer",),
+    ),
+    Mutation(
+        "resting-turn-served-to-any-role",
+        "target_side/service/turns.py",
+        "        if role is None or role not in roles:\n",
+        "        if role is None:\n",
+        ("tests/test_durability.py -k rest_and_answer",),
+    ),
+)
+
+
 def main() -> int:
     names = sys.argv[1:]
     known = {m.name for m in MUTATIONS}

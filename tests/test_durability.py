@@ -35,8 +35,9 @@ from conftest import (
 )
 from fastapi import FastAPI
 
+from shared import frames
 from shared.walk import canonical_path
-from target_side.service import ledger
+from target_side.service import ledger, turns
 from target_side.service.app import create_app
 from target_side.service.spool import records_on_disk
 
@@ -266,6 +267,59 @@ def test_retention_sweep_removes_old_finished_turns(tmp_path: Path, ca: trustme.
     # The turn's spool and the tail cut off it go; another turn's file stays.
     left = [p.name for p in (settings.state_root / "turns").iterdir()]
     assert left == [f"t-{'7' * 32}.frames.torn-20260101T000000.000000Z"]
+
+
+def test_ended_turns_rest_and_answer_as_they_did(
+    tmp_path: Path, ca: trustme.CA, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Beyond the latest ended turns, the others wait out their retention as plain bytes: a
+    target up for days keeps a tenth of the memory a whole record takes, and the collector
+    stops walking them. Asked for again, a turn at rest answers exactly as before."""
+    monkeypatch.setattr(turns, "AWAKE_ENDED", 1)
+    settings = make_settings(Path(canonical_path(tmp_path)), ca)
+    app = create_app(settings)
+    body = {"role": "builder", "argv": ["sh", "-c", "echo one; echo two >&2; exit 3"]}
+    key = {"Idempotency-Key": "rested"}
+
+    async def answers(c: httpx.AsyncClient, turn_id: str) -> tuple[object, ...]:
+        """Its events as SSE data (read to the end), the turn, and its frames after the first."""
+        sse = (await c.get(f"/v1/turns/{turn_id}/events")).text
+        data = [line for line in sse.splitlines() if line.startswith("data:")]
+        turn = (await c.get(f"/v1/turns/{turn_id}")).json()
+        accept = {"Accept": frames.MEDIA_TYPE}
+        framed = await c.get(f"/v1/turns/{turn_id}/events", params={"after": 1}, headers=accept)
+        found = frames.FrameDecoder().feed(framed.content)
+        return data, turn, [(f.kind, f.seq, f.at_us, f.payload) for f in found]
+
+    async def scenario() -> None:
+        async with served(app) as c:
+            manager = app.state.manager
+            first = (await c.post("/v1/turns", json=body, headers=key)).json()["turn_id"]
+            before = await answers(c, first)
+            assert len(before[0]) == 4 and before[1]["exit_code"] == 3  # type: ignore[index]
+            for _ in range(2):
+                other = await c.post("/v1/turns", json={"role": "builder", "argv": ["true"]})
+                await answers(c, other.json()["turn_id"])
+            assert first in manager._resting and first not in manager._turns
+            # A retried POST finds it, and leaves it at rest.
+            again = await c.post("/v1/turns", json=body, headers=key)
+            assert again.json()["turn_id"] == first and first in manager._resting
+            other_role = {"Authorization": f"Bearer {OTHER_TOKEN}"}
+            assert (await c.get(f"/v1/turns/{first}", headers=other_role)).status_code == 404
+            assert await answers(c, first) == before
+            assert first in manager._turns and first not in manager._resting
+            # The sweep takes turns at rest as it takes the others.
+            await answers(c, (await c.post("/v1/turns", json=body)).json()["turn_id"])
+            assert first in manager._resting
+            assert await manager.sweep(datetime.now(UTC) + timedelta(hours=25)) == 4
+            assert (await c.get(f"/v1/turns/{first}")).status_code == 404
+            anew = (await c.post("/v1/turns", json=body, headers=key)).json()["turn_id"]
+            await answers(c, anew)
+            assert anew != first
+            spools = [p.name for p in (settings.state_root / "turns").iterdir()]
+            assert spools == [f"{anew}.frames"]
+
+    asyncio.run(scenario())
 
 
 @pytest.mark.parametrize(

@@ -30,6 +30,7 @@ import contextlib
 import json
 import os
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -39,6 +40,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from shared import frames
+from shared.frames import KIND_CODES, KINDS
 from shared.wire import EVENTS, TERMINAL_KINDS, Event
 from target_side.errors import StorageError
 from target_side.fence.raw_syscalls import start_writeback
@@ -60,6 +62,8 @@ LINES = "events.jsonl"
 OUTPUT_KINDS = frozenset({"stdout", "stderr"})
 
 OnStorageError = Callable[[StorageError], None]
+SpoolAtRest = tuple[str, int, "array[int]", bytearray]
+"""An ended spool's file, size, record offsets and kinds (``EventSpool.at_rest``)."""
 
 
 def now() -> datetime:
@@ -87,8 +91,10 @@ class EventSpool:
         self.path = path
         self._format: _Format = _Lines() if path.name.endswith(".jsonl") else _Frames()
         self._on_storage_error = on_storage_error
-        self._offsets: list[int] = []
-        self._kinds: list[str] = []
+        # Eight bytes an event for where it starts and one for its kind: what a turn keeps
+        # in memory for its whole retention grows with its events, and a chatty one has many.
+        self._offsets = array("Q")
+        self._kinds = bytearray()
         self._size = 0
         self._written_back = 0
         """Where the disk was last asked to start writing out what was appended."""
@@ -102,7 +108,7 @@ class EventSpool:
         self._tail: deque[bytes] = deque()
         self._tail_bytes = 0
         self._changed = asyncio.Event()
-        self.finished = bool(self._kinds) and self._kinds[-1] in TERMINAL_KINDS
+        self.finished = bool(self._kinds) and KINDS[self._kinds[-1]] in TERMINAL_KINDS
         if self.finished:
             self._close_file()
 
@@ -128,6 +134,24 @@ class EventSpool:
             if not report:
                 raise StorageError(f"{what} ({exc.strerror or exc})") from exc
             raise self._refused(what, exc) from exc
+
+    def at_rest(self) -> SpoolAtRest | None:
+        """An ended spool as plain values (its file, size and index): all it needs to be read
+        again, nothing open. None while it is not ended, or holds events the disk refused."""
+        if not self.finished or self._held:
+            return None
+        self._close_file()
+        return str(self.path), self._size, self._offsets, self._kinds
+
+    @classmethod
+    def woken(cls, rest: SpoolAtRest) -> EventSpool:
+        """The ended spool ``at_rest`` described, read from its file from now on."""
+        path, size, offsets, kinds = rest
+        spool = cls(Path(path), on_disk=False)
+        spool._offsets, spool._kinds, spool._size = offsets, kinds, size
+        spool._written_back = spool._uncached = size
+        spool.finished = True
+        return spool
 
     @property
     def last_seq(self) -> int:
@@ -165,7 +189,7 @@ class EventSpool:
                 self._committed(kind, record)
                 return True
         self._held.append((kind, record))
-        self._kinds.append(kind)
+        self._kinds.append(KIND_CODES[kind])
         self._settle(kind)
         return False
 
@@ -213,7 +237,7 @@ class EventSpool:
 
     def _committed(self, kind: str, record: bytes) -> None:
         self._offsets.append(self._size)
-        self._kinds.append(kind)
+        self._kinds.append(KIND_CODES[kind])
         self._size += len(record)
         if self._size - self._written_back >= WRITEBACK_BYTES:
             self._write_back()
@@ -338,19 +362,20 @@ class EventSpool:
             # In the tail: from memory, no read of the file.
             records = [self._tail[i - kept] for i in range(first, last)]
             if count is None:
-                return [(last, self._kinds[last - 1], b"".join(records))]
+                return [(last, KINDS[self._kinds[last - 1]], b"".join(records))]
             return [
-                (i + 1, self._kinds[i], r) for i, r in zip(range(first, last), records, strict=True)
+                (i + 1, KINDS[self._kinds[i]], r)
+                for i, r in zip(range(first, last), records, strict=True)
             ]
         start = self._offsets[first]
         data = await asyncio.to_thread(_read_range, self.path, start, self._boundary(last))
         if count is None:
             # Frames served as they lie: one block, named by its last record's seq and kind.
-            return [(last, self._kinds[last - 1], data)]
+            return [(last, KINDS[self._kinds[last - 1]], data)]
         found = []
         for i in range(first, last):
             begin, finish = self._offsets[i] - start, self._boundary(i + 1) - start
-            found.append((i + 1, self._kinds[i], data[begin:finish]))
+            found.append((i + 1, KINDS[self._kinds[i]], data[begin:finish]))
         return found
 
     def _last_record(self, first: int, on_disk: int, count: int | None, size: int | None) -> int:
@@ -506,7 +531,7 @@ def _text_or_b64(data: bytes) -> dict[str, str]:
         return {"data_b64": base64.b64encode(data).decode()}
 
 
-def _index(path: Path, form: _Format) -> tuple[list[int], list[str], int, Cut | None]:
+def _index(path: Path, form: _Format) -> tuple[array[int], bytearray, int, Cut | None]:
     """Offset and kind of every whole event of an existing spool, its size, and what was cut.
 
     Read in blocks, so memory stays flat whatever the spool's size. The spool
@@ -514,8 +539,8 @@ def _index(path: Path, form: _Format) -> tuple[list[int], list[str], int, Cut | 
     crash mid-write, or anything after one. The bytes cut are kept beside it
     (``NAME.torn-STAMP``): they were never delivered to anyone.
     """
-    offsets: list[int] = []
-    kinds: list[str] = []
+    offsets = array("Q")
+    kinds = bytearray()
     if not path.exists():
         return offsets, kinds, 0, None
     start = 0
@@ -535,7 +560,7 @@ def _index(path: Path, form: _Format) -> tuple[list[int], list[str], int, Cut | 
                     break
                 end, kind = found
                 offsets.append(start + position)
-                kinds.append(kind)
+                kinds.append(KIND_CODES[kind])
                 position = end
             start += position
             pending = pending[position:]

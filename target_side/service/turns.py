@@ -28,7 +28,7 @@ import shutil
 import signal
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -86,7 +86,7 @@ from target_side.service.health import HealthBoard
 from target_side.service.leases import LeaseBook
 from target_side.service.ledger import Latest, Ledger
 from target_side.service.sessions import SessionManager
-from target_side.service.spool import EventSpool, now
+from target_side.service.spool import EventSpool, SpoolAtRest, now
 from target_side.service.state_lock import StateLock
 from target_side.service.store import StoredTurn, TurnStore, Unreadable, Unrecorded, expired
 
@@ -117,6 +117,14 @@ BOOKKEEPING_WAIT_S = 1.0
 PLANNING_THREADS = 8
 """Threads that make and plan new turns: a burst's turns go through a few at a time, first
 come first launched, rather than all at once on the blocking pool (``_planning``)."""
+AWAKE_ENDED = 64
+"""Ended turns kept whole in memory, the latest to end or to be asked for; the others wait
+out their retention time at rest (``_Resting``), about a tenth of the memory."""
+Resting = tuple[str, float, str | None, bytes, SpoolAtRest]
+"""An ended turn at rest: its role, when it ended (epoch seconds), its idempotency digest, its
+``StoredTurn`` as JSON, and its spool at rest. A plain tuple of plain values, which the
+collector stops tracking, where a whole ``TurnRecord`` is some thirty objects it walks on
+every full collection."""
 
 
 @dataclass
@@ -192,6 +200,10 @@ class TurnManager:
         self.store = TurnStore(settings.state_root)
         self._inject = inject
         self._turns: dict[str, TurnRecord] = {}
+        """Turns running, and the ``AWAKE_ENDED`` latest ended (``_ended``)."""
+        self._resting: dict[str, Resting] = {}
+        """The other ended turns, until the retention sweep."""
+        self._ended: deque[str] = deque()
         self._idempotency: dict[str, str] = {}
         self._bwrap: str | None = None
         server = settings.server
@@ -334,6 +346,7 @@ class TurnManager:
         # An end the ledger lacks (held when the disk was full, or cut by a repair) is recorded.
         if interrupted or known is None or known.kind != "end":
             await self._ledger_append("end", turn=_turn_json(record.turn))
+        self._ended_now(record)
 
     async def _end_interrupted(self, record: TurnRecord) -> None:
         """A turn running when the target stopped: ended as its spool says, else lost."""
@@ -376,7 +389,7 @@ class TurnManager:
         """
         key = _idempotency_digest(request.role, idempotency_key)
         if key is not None and key in self._idempotency:
-            return self._turns[self._idempotency[key]].turn
+            return self._turn(self._idempotency[key])
         self._check_low_water()
         self._admit(request.role)
         record = self._new_record(request, key)
@@ -503,7 +516,7 @@ class TurnManager:
         """The turn an earlier POST of ``role`` with this key made, if there was one."""
         key = _idempotency_digest(role, idempotency_key)
         if key is not None and key in self._idempotency:
-            return self._turns[self._idempotency[key]].turn
+            return self._turn(self._idempotency[key])
         return None
 
     async def record_in_ledger(self, kind: str, **fields: Any) -> bool:
@@ -826,6 +839,7 @@ class TurnManager:
             audited = None if outcome.clean else fence
             await self._record_end(record, _End(_turn_json(record.turn), facts, notices), audited)
             _append_terminal(record)
+            self._ended_now(record)
         finally:
             # Counted until recorded: a stopping target waits for exactly this.
             if record.admitted:
@@ -1019,10 +1033,47 @@ class TurnManager:
         return PlanResult(fence=fence_view(plan), exit_code=0)
 
     def get(self, turn_id: str, roles: frozenset[str]) -> TurnRecord:
-        """The turn ``turn_id`` if it belongs to one of ``roles``."""
+        """The turn ``turn_id`` if it belongs to one of ``roles`` (woken, if it was at rest)."""
         record = self._turns.get(turn_id)
-        if record is None or record.turn.role not in roles:
+        resting = self._resting.get(turn_id) if record is None else None
+        role = record.turn.role if record is not None else resting[0] if resting else None
+        if role is None or role not in roles:
             raise UnknownTurn(f"no turn {turn_id} among the turns of this token's roles")
+        return record or self._woken(turn_id)
+
+    def _turn(self, turn_id: str) -> Turn:
+        """The turn ``turn_id`` as it stands, awake or at rest (left at rest)."""
+        record = self._turns.get(turn_id)
+        if record is not None:
+            return record.turn
+        return StoredTurn.model_validate_json(self._resting[turn_id][3]).turn
+
+    def _ended_now(self, record: TurnRecord) -> None:
+        """``record`` has ended, or was asked for: it is among the latest, and the oldest ended
+        beyond ``AWAKE_ENDED`` go to rest."""
+        self._ended.append(record.turn.turn_id)
+        while len(self._ended) > AWAKE_ENDED:
+            self._rest(self._ended.popleft())
+
+    def _rest(self, turn_id: str) -> None:
+        """Put an ended turn to rest; one whose spool holds events the disk refused stays."""
+        record = self._turns.get(turn_id)
+        if record is None or record.running is not None or record.turn.ended_at is None:
+            return  # gone, woken twice and at rest already, or (never) running
+        spool = record.spool.at_rest()
+        if spool is None:
+            return
+        del self._turns[turn_id]
+        stored = record.stored.model_dump_json().encode()
+        ended = record.turn.ended_at.timestamp()
+        self._resting[turn_id] = (record.turn.role, ended, record.stored.idempotency, stored, spool)
+
+    def _woken(self, turn_id: str) -> TurnRecord:
+        """The resting turn ``turn_id``, whole again (its spool's file is not read)."""
+        _, _, _, stored, spool = self._resting.pop(turn_id)
+        record = TurnRecord(StoredTurn.model_validate_json(stored), EventSpool.woken(spool))
+        self._turns[turn_id] = record
+        self._ended_now(record)
         return record
 
     async def recent(self, roles: frozenset[str], limit: int) -> list[Turn]:
@@ -1083,10 +1134,17 @@ class TurnManager:
             if record.stored.idempotency:
                 self._idempotency.pop(record.stored.idempotency, None)
             record.spool.close()
-        if gone:
-            await asyncio.to_thread(self.store.remove, [r.turn.turn_id for r in gone])
+        oldest = moment.timestamp() - retention
+        resting = [(turn_id, r[2]) for turn_id, r in self._resting.items() if r[1] < oldest]
+        for turn_id, idempotency in resting:
+            del self._resting[turn_id]
+            if idempotency:
+                self._idempotency.pop(idempotency, None)
+        removed = [r.turn.turn_id for r in gone] + [turn_id for turn_id, _ in resting]
+        if removed:
+            await asyncio.to_thread(self.store.remove, removed)
         await self.sessions.sweep(moment, retention)
-        return len(gone)
+        return len(removed)
 
     async def stop(self, grace_s: float, hurry: Callable[[], bool] = lambda: False) -> None:
         """Take no new turn; give running turns ``grace_s`` to end, then end and record the rest.
