@@ -839,7 +839,8 @@ class TurnManager:
             audited = None if outcome.clean else fence
             await self._record_end(record, _End(_turn_json(record.turn), facts, notices), audited)
             _append_terminal(record)
-            self._ended_now(record)
+            # After the followers the terminal event woke: resting one is not on their way.
+            asyncio.get_running_loop().call_soon(self._ended_now, record)
         finally:
             # Counted until recorded: a stopping target waits for exactly this.
             if record.admitted:
