@@ -119,7 +119,7 @@ PLANNING_THREADS = 8
 come first launched, rather than all at once on the blocking pool (``_planning``)."""
 AWAKE_ENDED = 64
 """Ended turns kept whole in memory, the latest to end or to be asked for; the others wait
-out their retention time at rest (``_Resting``), about a tenth of the memory."""
+out their retention time at rest (``Resting``), in under a quarter of the memory."""
 Resting = tuple[str, float, str | None, bytes, SpoolAtRest]
 """An ended turn at rest: its role, when it ended (epoch seconds), its idempotency digest, its
 ``StoredTurn`` as JSON, and its spool at rest. A plain tuple of plain values, which the
@@ -1060,7 +1060,7 @@ class TurnManager:
         """Put an ended turn to rest; one whose spool holds events the disk refused stays."""
         record = self._turns.get(turn_id)
         if record is None or record.running is not None or record.turn.ended_at is None:
-            return  # gone, woken twice and at rest already, or (never) running
+            return  # swept already, or (never) still running
         spool = record.spool.at_rest()
         if spool is None:
             return
