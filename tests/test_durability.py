@@ -160,6 +160,52 @@ def test_ledger_verify_detects_an_edited_record(
         ledger.verify(root)
 
 
+@pytest.mark.parametrize("block", [1, 7, 64, 1 << 16])
+def test_ledger_read_newest_first_is_every_whole_record_in_reverse(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block: int
+) -> None:
+    """Read from the end in blocks of any size; a line still being appended is not a record."""
+    book = ledger.Ledger(tmp_path)
+    for n in range(40):
+        book.append_now("note", n=n, text="x" * (n * 13 % 97))
+    book.close_now()
+    with open(tmp_path / ledger.LEDGER, "ab") as f:
+        f.write(b'{"seq":41,"prev":"')  # half-appended
+    monkeypatch.setattr(ledger, "BACKWARD_BLOCK", block)
+    backwards = list(ledger.records_newest_first(tmp_path))
+    assert backwards == list(reversed(list(ledger.read_records(tmp_path))))
+    assert [r["n"] for r in backwards] == list(reversed(range(40)))
+
+
+def _listed_turn(n: int, at: datetime, role: str = "builder", **changes: object) -> dict:
+    stamp = at.isoformat().replace("+00:00", "Z")
+    turn = {"turn_id": f"t-{n:032x}", "role": role, "state": "exited", "exit_code": 0}
+    return {"kind": "end", "turn": turn | {"created_at": stamp, "ended_at": stamp} | changes}
+
+
+def test_listing_reads_the_ledger_back_only_as_far_as_it_must() -> None:
+    """A day's turns, newest first: the listing stops ten minutes before the oldest it keeps
+    was created, and never reads the rest (which would raise here)."""
+    now = datetime(2026, 12, 3, 12, tzinfo=UTC)
+    # Turn 0 was created first and ended last, turn 2 is another role's.
+    old_start = (now - timedelta(hours=5)).isoformat().replace("+00:00", "Z")
+    newest = [_listed_turn(0, now, created_at=old_start), _listed_turn(2, now, role="other")]
+    newest += [_listed_turn(n, now - timedelta(seconds=n)) for n in range(3, 700)]
+    newest.append(_listed_turn(0, now - timedelta(hours=5), state="running"))  # its launch
+
+    def ledger_newest_first() -> Iterator[dict]:
+        yield from newest
+        yield {"kind": "lease", "lease": {}}
+        raise AssertionError("read past what the listing needs")
+
+    listed = turns.newest_turns(ledger_newest_first(), frozenset({"builder"}), 5)
+    assert [t.turn_id for t in listed] == [f"t-{n:032x}" for n in range(3, 8)]
+    # Turns older than the slack are read only while fewer than asked for are found.
+    wanted = turns.newest_turns(iter(newest), frozenset({"builder"}), 1000)
+    assert len(wanted) == 698 and wanted[-1].turn_id == f"t-{0:032x}"
+    assert wanted[-1].state == "exited"  # as its last record says
+
+
 def test_ledger_verify_detects_truncation(
     client: httpx.Client, target: Target, tmp_path: Path
 ) -> None:

@@ -52,7 +52,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from target_side.errors import LedgerError, StorageError
 from target_side.safe_files import open_private, write_atomic
@@ -62,6 +62,8 @@ log = logging.getLogger("paddock.target")
 
 GENESIS = "0" * 64
 LEDGER = "ledger.jsonl"
+BACKWARD_BLOCK = 64 << 10
+"""Bytes read at a time by ``records_newest_first``."""
 HEAD = "ledger.head"
 HEAD_SIZE = 128
 """Bytes of a head as written in place: its JSON, padded with spaces (the largest count fits)."""
@@ -294,6 +296,46 @@ def read_records(state_root: Path) -> Iterator[dict[str, Any]]:
     it for writing: a reader beside a running server never sees a line half-appended."""
     for _, line in _whole_lines(state_root / LEDGER):
         yield json.loads(line)
+
+
+def records_newest_first(state_root: Path) -> Iterator[dict[str, Any]]:
+    """Every whole record of the ledger in ``state_root``, newest first, read from the end in
+    blocks: a reader that wants the latest few reads only the end of a ledger that keeps
+    growing for as long as the target lives."""
+    for line in _whole_lines_newest_first(state_root / LEDGER):
+        yield json.loads(line)
+
+
+def _whole_lines_newest_first(path: Path) -> Iterator[bytes]:
+    if not path.exists():
+        return
+    with open(path, "rb") as f:
+        position = _whole_end(f)
+        carry = b""
+        while position > 0:
+            step = min(BACKWARD_BLOCK, position)
+            position -= step
+            f.seek(position)
+            lines = (f.read(step) + carry).split(b"\n")
+            carry = lines[0]  # it may begin in the block before
+            for line in reversed(lines[1:]):
+                if line:
+                    yield line
+        if carry:
+            yield carry
+
+
+def _whole_end(f: BinaryIO) -> int:
+    """Just past the file's last newline: what follows is a record being appended (or torn)."""
+    position = f.seek(0, os.SEEK_END)
+    while position > 0:
+        step = min(BACKWARD_BLOCK, position)
+        position -= step
+        f.seek(position)
+        newline = f.read(step).rfind(b"\n")
+        if newline >= 0:
+            return position + newline + 1
+    return 0
 
 
 def _cut_back(fd: int, size: int) -> None:
