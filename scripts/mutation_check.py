@@ -2614,6 +2614,27 @@ MUTATIONS += (
         ("tests/test_durability.py -k newest_first",),
     ),
     Mutation(
+        "restart-reads-the-whole-ledger",
+        "target_side/service/ledger.py",
+        "                if not unfinished:\n                    break\n",
+        "                if not unfinished:\n                    pass\n",
+        ("tests/test_ledger_recovery.py -k oldest_kept",),
+    ),
+    Mutation(
+        "restart-loses-the-launchs-key",
+        "target_side/service/ledger.py",
+        "                found[turn_id] = replace(later, idempotency=key)  # the launch keeps it\n",
+        "                pass\n",
+        ("tests/test_ledger_recovery.py -k oldest_kept",),
+    ),
+    Mutation(
+        "restart-stops-at-a-turns-latest-record",
+        "target_side/service/ledger.py",
+        '            if record.get("kind") == "launch" or turn.get("started_at") is None:\n',
+        "            if True:\n",
+        ("tests/test_ledger_recovery.py -k oldest_kept",),
+    ),
+    Mutation(
         "resting-turn-served-to-any-role",
         "target_side/service/turns.py",
         "        if role is None or role not in roles:\n",

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -473,3 +474,46 @@ def test_verify_beside_a_writing_ledger_never_reports_damage(tmp_path: Path) -> 
     writer.stdout.close()
     assert len(set(seen)) > 10, "the writer did not run beside the checks"
     assert ledger.verify(tmp_path).count == 3000
+
+
+def _recorded(n: int, **changes: object) -> dict[str, object]:
+    at = "2026-12-03T12:00:00Z"
+    turn = {"turn_id": f"t-{n}", "role": "builder", "state": "exited", "exit_code": 0}
+    return turn | {"created_at": at, "started_at": at, "ended_at": at} | changes
+
+
+def test_a_restart_reads_the_ledger_back_only_to_its_oldest_kept_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the ledger last said of the turns on disk, read from its end: a target's earlier
+    life (here 300 turns, in a real one months of them) is not read at every start."""
+    book = ledger.Ledger(tmp_path)
+    for n in range(300):
+        book.append_now("launch", turn=_recorded(n, state="running"))
+        book.append_now("end", turn=_recorded(n))
+    book.append_now("launch", turn=_recorded(300, state="running"), idempotency="key-300")
+    book.append_now("lease", lease={"lease_id": "l-1"})
+    book.append_now("launch", turn=_recorded(301, state="running"))
+    book.append_now("end", turn=_recorded(300, exit_code=3))
+    book.append_now("end", turn=_recorded(302, state="refused", started_at=None))
+    book.close_now()
+    read: list[bytes] = []
+    whole_lines = ledger._whole_lines_newest_first
+
+    def counted(path: Path) -> Iterator[bytes]:
+        for line in whole_lines(path):
+            read.append(line)
+            yield line
+
+    monkeypatch.setattr(ledger, "_whole_lines_newest_first", counted)
+    latest = ledger.Ledger(tmp_path).latest_turns({"t-300", "t-301", "t-302"})
+    assert latest == {
+        "t-300": ledger.Latest("end", _recorded(300, exit_code=3), "key-300"),
+        "t-301": ledger.Latest("launch", _recorded(301, state="running")),
+        "t-302": ledger.Latest("end", _recorded(302, state="refused", started_at=None)),
+    }
+    assert len(read) == 5  # back to turn 300's launch, and not one record further
+    # A turn with no record at all leaves nothing unread; the others are as before.
+    assert ledger.Ledger(tmp_path).latest_turns({"t-5", "t-none"}) == {
+        "t-5": ledger.Latest("end", _recorded(5))
+    }

@@ -50,7 +50,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -258,14 +258,29 @@ class Ledger:
                     yield record
 
     def latest_turns(self, turn_ids: set[str]) -> dict[str, Latest]:
-        """For each of ``turn_ids`` in the ledger: its last record's kind and turn, its key."""
+        """For each of ``turn_ids`` in the ledger: its last record's kind and turn, its key.
+
+        Read from the end, and only until each turn's first record: its launch,
+        or the only record of one never launched (a refusal). A restart reads
+        back as far as its oldest kept turn, not through the target's whole life.
+        """
         found: dict[str, Latest] = {}
-        for record in self.records():
+        unfinished = set(turn_ids)
+        for record in records_newest_first(self.path.parent):
             turn = record.get("turn")
-            if isinstance(turn, dict) and turn.get("turn_id") in turn_ids:
-                before = found.get(turn["turn_id"])
-                key = record.get("idempotency", before.idempotency if before else None)
-                found[turn["turn_id"]] = Latest(str(record.get("kind")), turn, key)
+            if not isinstance(turn, dict) or turn.get("turn_id") not in unfinished:
+                continue
+            turn_id = turn["turn_id"]
+            later = found.get(turn_id)
+            key = record.get("idempotency")
+            if later is None:
+                found[turn_id] = Latest(str(record.get("kind")), turn, key)
+            elif later.idempotency is None and key is not None:
+                found[turn_id] = replace(later, idempotency=key)  # the launch keeps it
+            if record.get("kind") == "launch" or turn.get("started_at") is None:
+                unfinished.discard(turn_id)
+                if not unfinished:
+                    break
         return found
 
 
