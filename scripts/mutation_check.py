@@ -2587,14 +2587,14 @@ MUTATIONS += (
     ),
     Mutation(
         "listing-reads-the-whole-ledger",
-        "target_side/service/turns.py",
+        "target_side/service/listing.py",
         "        if len(created) == limit and _latest_moment(turn) < created[0] - LISTING_SLACK:\n",
         "        if False:\n",
         ("tests/test_durability.py -k back_only",),
     ),
     Mutation(
         "listing-takes-an-earlier-state-of-a-turn",
-        "target_side/service/turns.py",
+        "target_side/service/listing.py",
         "        if turn_id in seen:\n            continue  # an earlier state of a turn already found\n",
         "        if turn_id in seen and False:\n            continue\n",
         ("tests/test_durability.py -k back_only",),

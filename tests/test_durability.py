@@ -37,7 +37,7 @@ from fastapi import FastAPI
 
 from shared import frames
 from shared.walk import canonical_path
-from target_side.service import ledger, turns
+from target_side.service import ledger, listing, turns
 from target_side.service.app import create_app
 from target_side.service.spool import records_on_disk
 
@@ -198,10 +198,10 @@ def test_listing_reads_the_ledger_back_only_as_far_as_it_must() -> None:
         yield {"kind": "lease", "lease": {}}
         raise AssertionError("read past what the listing needs")
 
-    listed = turns.newest_turns(ledger_newest_first(), frozenset({"builder"}), 5)
+    listed = listing.newest_turns(ledger_newest_first(), frozenset({"builder"}), 5)
     assert [t.turn_id for t in listed] == [f"t-{n:032x}" for n in range(3, 8)]
     # Turns older than the slack are read only while fewer than asked for are found.
-    wanted = turns.newest_turns(iter(newest), frozenset({"builder"}), 1000)
+    wanted = listing.newest_turns(iter(newest), frozenset({"builder"}), 1000)
     assert len(wanted) == 698 and wanted[-1].turn_id == f"t-{0:032x}"
     assert wanted[-1].state == "exited"  # as its last record says
 
