@@ -319,8 +319,8 @@ def test_ended_turns_rest_and_answer_as_they_did(
     tmp_path: Path, ca: trustme.CA, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Beyond the latest ended turns, the others wait out their retention as plain bytes: a
-    target up for days keeps a tenth of the memory a whole record takes, and the collector
-    stops walking them. Asked for again, a turn at rest answers exactly as before."""
+    target up for days keeps under a quarter of the memory a whole record takes, and the
+    collector stops walking them. Asked for again, a turn at rest answers as it did."""
     monkeypatch.setattr(turns, "AWAKE_ENDED", 1)
     settings = make_settings(Path(canonical_path(tmp_path)), ca)
     app = create_app(settings)
