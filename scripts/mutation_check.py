@@ -2635,6 +2635,20 @@ MUTATIONS += (
         ("tests/test_ledger_recovery.py -k oldest_kept",),
     ),
     Mutation(
+        "signal-before-the-fence-is-taken-goes-nowhere",
+        "target_side/fence/runner.py",
+        "            self._waiting_signals.append(SIGNALS[name])\n            return 0\n",
+        "            return self._proc.signal_fence(SIGNALS[name])\n",
+        ("tests/test_turns.py -k before_the_target_has_taken",),
+    ),
+    Mutation(
+        "waiting-signals-never-sent",
+        "target_side/fence/runner.py",
+        "        for signum in waiting:\n            self._proc.signal_fence(signum)\n",
+        "        for signum in waiting:\n            pass\n",
+        ("tests/test_turns.py -k before_the_target_has_taken",),
+    ),
+    Mutation(
         "resting-turn-served-to-any-role",
         "target_side/service/turns.py",
         "        if role is None or role not in roles:\n",

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 import threading
 import time
+from typing import Any
 
 import httpx
+import pytest
 from conftest import Target, events, finished, output, processes_with, run, submit, wait_until
+
+from target_side.fence.identity import LocalProcess
+
+ADOPTION_DELAY_S = 2.0
 
 
 def test_turn_streams_stdout_stderr_and_exit_status(client: httpx.Client) -> None:
@@ -211,3 +219,26 @@ def test_turn_signal_works_even_if_the_server_ignores_it(client: httpx.Client) -
     client.post(f"/v1/turns/{turn.turn_id}/signal", json={"signal": "INT"})
     done = finished(client, turn.turn_id)
     assert done.exit_code == 128 + signal.SIGINT
+
+
+def test_turn_signal_posted_before_the_target_has_taken_its_fence_still_arrives(
+    client: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fence born inside its cgroups runs its command at once, while the event loop may not
+    have taken its pid namespace yet (a busy loop: seen once in CI, the turn then ran to its
+    wall time). A signal posted then goes to the fence once it is taken, not nowhere."""
+    adopt = LocalProcess.adopt
+
+    async def late(self: LocalProcess, *args: Any) -> None:
+        await asyncio.sleep(ADOPTION_DELAY_S)
+        await adopt(self, *args)
+
+    monkeypatch.setattr(LocalProcess, "adopt", late)
+    marker = "319.75"
+    asked = time.monotonic()
+    turn = submit(client, argv=["sh", "-c", f"sleep {marker}"], limits={"wall_s": 10})
+    assert wait_until(lambda: bool(processes_with("sleep", marker)))
+    response = client.post(f"/v1/turns/{turn.turn_id}/signal", json={"signal": "INT"})
+    assert response.status_code == 202
+    assert time.monotonic() - asked < ADOPTION_DELAY_S, "posted too late to show anything"
+    assert finished(client, turn.turn_id).exit_code == 128 + signal.SIGINT

@@ -171,6 +171,8 @@ class RunningTurn:
         self._stderr_tail = b""
         self._timed_out = False
         self._killed = False
+        self._waiting_signals: list[int] | None = []
+        """Signals asked for before the fence was taken (its pid namespace known); None after."""
         self._truncated = False
         self._started_at = proc.started_at
         """From bubblewrap's start: its gate may have opened before the loop got here."""
@@ -414,6 +416,7 @@ class RunningTurn:
         except ProcessLookupError:
             # The fence died while setting up: its own failure says why, not the limits.
             self._close_gate()
+            self._waiting_signals = None
             return
         except (OSError, ValueError, LauncherError) as exc:
             if self._gate.limits is not None and self._gate.limits.born_inside:
@@ -422,6 +425,7 @@ class RunningTurn:
                 log.info(
                     "fence %d of bubblewrap %d was not held: %s", sandbox_pid, self._proc.pid, exc
                 )
+                self._send_waiting_signals()
                 return
             self._limit_failure = f"the turn's limits could not be applied; it did not run: {exc}"
             # The gate stays shut until bubblewrap's end: where only bubblewrap could be
@@ -436,6 +440,13 @@ class RunningTurn:
             with contextlib.suppress(OSError):
                 os.write(self._gate.block, b"\0")
         self._close_gate()
+        self._send_waiting_signals()
+
+    def _send_waiting_signals(self) -> None:
+        """The fence is taken: the signals asked for before go to it now, in order."""
+        waiting, self._waiting_signals = self._waiting_signals or [], None
+        for signum in waiting:
+            self._proc.signal_fence(signum)
 
     def _close_gate(self) -> None:
         if self._gate.block >= 0:
@@ -448,6 +459,11 @@ class RunningTurn:
         if SIGNALS[name] == signal.SIGKILL:
             self.kill()
             return 1
+        if self._waiting_signals is not None:
+            # A fence born inside its cgroups runs at once, maybe before the loop has taken it:
+            # signalled now, its command would be missed (a turn run to its wall time).
+            self._waiting_signals.append(SIGNALS[name])
+            return 0
         return self._proc.signal_fence(SIGNALS[name])
 
     def kill(self) -> None:
