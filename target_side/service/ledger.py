@@ -247,6 +247,10 @@ class Ledger:
         """Every whole record, oldest first (a line being appended right now is not one yet)."""
         return read_records(self.path.parent)
 
+    def records_newest_first(self) -> Iterator[dict[str, Any]]:
+        """Every whole record, newest first, read from the end (``records_newest_first``)."""
+        return records_newest_first(self.path.parent)
+
     def records_of(self, kind: str) -> Iterator[dict[str, Any]]:
         """Every whole record of ``kind``, oldest first; other lines are passed over unparsed."""
         # Inside a JSON string a quote is escaped, so only a record's own kind has this text.
@@ -266,7 +270,7 @@ class Ledger:
         """
         found: dict[str, Latest] = {}
         unfinished = set(turn_ids)
-        for record in records_newest_first(self.path.parent):
+        for record in self.records_newest_first():
             turn = record.get("turn")
             if not isinstance(turn, dict) or turn.get("turn_id") not in unfinished:
                 continue

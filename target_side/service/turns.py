@@ -84,7 +84,7 @@ from target_side.policy.mounts import ETC_ENTRIES
 from target_side.policy.plan import FencePlan, plan_turn
 from target_side.service.health import HealthBoard
 from target_side.service.leases import LeaseBook
-from target_side.service.ledger import Latest, Ledger, records_newest_first
+from target_side.service.ledger import Latest, Ledger
 from target_side.service.listing import newest_turns
 from target_side.service.sessions import SessionManager
 from target_side.service.spool import EventSpool, SpoolAtRest, now
@@ -1080,7 +1080,7 @@ class TurnManager:
 
     async def recent(self, roles: frozenset[str], limit: int) -> list[Turn]:
         """The newest ``limit`` turns of ``roles``, as the ledger last recorded each."""
-        records = records_newest_first(self.settings.state_root)
+        records = self.ledger.records_newest_first()
         return await asyncio.to_thread(newest_turns, records, roles, limit)
 
     def signal(self, record: TurnRecord, name: str) -> int:
