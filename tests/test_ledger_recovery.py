@@ -15,9 +15,12 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import events
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from process_support import REPO, TargetProcess, wait_for_exit, write_config
 
 from shared.walk import canonical_path
@@ -517,3 +520,130 @@ def test_a_restart_reads_the_ledger_back_only_to_its_oldest_kept_turn(
     assert ledger.Ledger(tmp_path).latest_turns({"t-5", "t-none"}) == {
         "t-5": ledger.Latest("end", _recorded(5))
     }
+
+
+def _torn_start_read_forwards(data: bytes) -> int | None:
+    """Where a torn tail begins, found by reading every line from the start: the oracle."""
+    last_start, last_line, end = 0, b"", 0
+    for raw in data.splitlines(keepends=True):
+        if not raw.endswith(b"\n"):
+            return last_start if last_line and not ledger._is_json(last_line) else end
+        last_start, last_line, end = end, raw[:-1], end + len(raw)
+    return last_start if last_line and not ledger._is_json(last_line) else None
+
+
+_LINES = st.sampled_from(
+    [b'{"seq":1}', b"{}", b"\0" * 9, b"[1]", b"", b'{"a":"' + b"x" * 90 + b'"}']
+)
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    lines=st.lists(_LINES, max_size=6),
+    tail=st.sampled_from([b"", b'{"seq":9,"pr', b"\0" * 5]),
+    block=st.sampled_from([1, 2, 7, 64, 1 << 16]),
+)
+def test_a_torn_tail_is_found_from_the_end_as_a_read_from_the_start_finds_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lines: list[bytes], tail: bytes, block: int
+) -> None:
+    """A start looks for a torn tail in the last line and what follows it alone; it finds
+    the same one a read of the whole ledger would, whatever blocks it reads backwards in."""
+    data = b"".join(line + b"\n" for line in lines) + tail
+    path = tmp_path / "ledger.jsonl"
+    path.write_bytes(data)
+    monkeypatch.setattr(ledger, "BACKWARD_BLOCK", block)
+    assert ledger._torn_start(path) == _torn_start_read_forwards(data)
+
+
+def test_a_start_reads_only_the_end_of_a_long_ledger_for_a_torn_tail(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Looking for a torn tail does not read the target's whole life at every start."""
+    book = ledger.Ledger(tmp_path)
+    for n in range(2000):
+        book.append_now("note", n=n)
+    book.close_now()
+    size = (tmp_path / ledger.LEDGER).stat().st_size
+    monkeypatch.setattr(ledger, "BACKWARD_BLOCK", 256)
+    read = _count_reads(monkeypatch)
+    assert ledger._torn_start(tmp_path / ledger.LEDGER) is None
+    assert 0 < sum(read) <= 3 * 256 < size // 100
+
+
+def _count_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Bytes read through every file ``ledger`` opens from now on, one entry a read."""
+    read: list[int] = []
+    real_open = open
+
+    def counting_open(*args: Any, **kwargs: Any) -> Any:
+        f = real_open(*args, **kwargs)
+        real_read = f.read
+
+        def counted(n: int = -1) -> bytes:
+            got = real_read(n)
+            read.append(len(got))
+            return got
+
+        f.read = counted
+        return f
+
+    monkeypatch.setattr(ledger, "open", counting_open, raising=False)
+    return read
+
+
+def test_a_chain_is_verified_from_each_records_prefix_without_parsing_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start verifies the whole chain; it parses no record the ledger wrote itself (two
+    thirds of the time a start took at 100,000 turns), only the last line, for a torn tail."""
+    book = ledger.Ledger(tmp_path)
+    for n in range(50):
+        book.append_now("note", n=n, text="x" * n)
+    book.close_now()
+    parsed: list[bytes] = []
+    real_loads = json.loads
+
+    def counted(text: bytes, **kwargs: Any) -> Any:
+        parsed.append(text)
+        return real_loads(text, **kwargs)
+
+    monkeypatch.setattr(ledger.json, "loads", counted)
+    assert ledger.verify(tmp_path).count == 50
+    records = [text for text in parsed if text.startswith(b'{"seq"')]  # not the head
+    assert len(records) == 1
+
+
+def test_records_written_in_another_layout_still_chain(tmp_path: Path) -> None:
+    """The prefix is a shortcut, not the rule: a record laid out otherwise (keys in another
+    order, spaces) is parsed and checked as before."""
+    last, lines = ledger.GENESIS, []
+    for seq in range(1, 4):
+        line = json.dumps({"kind": "note", "prev": last, "seq": seq}).encode()
+        lines.append(line + b"\n")
+        last = hashlib.sha256(line).hexdigest()
+    (tmp_path / ledger.LEDGER).write_bytes(b"".join(lines))
+    ledger._write_head(tmp_path / ledger.HEAD, 3, last)
+    assert (ledger.verify(tmp_path).count, ledger.verify(tmp_path).head_hash) == (3, last)
+
+
+def test_a_record_damaged_past_its_prefix_is_caught_by_the_next_and_repaired_away(
+    tmp_path: Path,
+) -> None:
+    """Record 2 keeps its seq and prev but not its body: record 3 no longer vouches for it,
+    so the chain breaks there, and a repair keeps record 1 alone."""
+    book = ledger.Ledger(tmp_path)
+    for n in range(4):
+        book.append_now("note", n=n, text="original")
+    book.close_now()
+    path = tmp_path / ledger.LEDGER
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines[1] = lines[1].replace(b'"text":"original"', b'"text":"\0\0\0\0\0\0\0\0', 1)
+    path.write_bytes(b"".join(lines))
+    with pytest.raises(ledger.LedgerError, match="record 3 does not chain to record 2") as broken:
+        ledger.verify(tmp_path)
+    assert "record 1 checks out" in str(broken.value)
+    repaired = ledger.repair(tmp_path)
+    assert repaired.kept == 1
+    assert ledger.verify(tmp_path).count == 2  # record 1 and the repair's own record

@@ -346,7 +346,13 @@ def _whole_lines_newest_first(path: Path) -> Iterator[bytes]:
 
 def _whole_end(f: BinaryIO) -> int:
     """Just past the file's last newline: what follows is a record being appended (or torn)."""
-    position = f.seek(0, os.SEEK_END)
+    return _line_start_before(f, f.seek(0, os.SEEK_END))
+
+
+def _line_start_before(f: BinaryIO, before: int) -> int:
+    """Just past the last newline in ``f`` before offset ``before`` (0 if none): where the
+    line that ``before`` ends or falls in begins."""
+    position = before
     while position > 0:
         step = min(BACKWARD_BLOCK, position)
         position -= step
@@ -381,19 +387,23 @@ def cut_torn_tail(state_root: Path) -> Cut | None:
 
 
 def _torn_start(path: Path) -> int | None:
-    """Where a torn tail of ``path`` begins, or None if it ends with a whole JSON line."""
+    """Where a torn tail of ``path`` begins, or None if it ends with a whole JSON line.
+
+    Read from the end: only the last whole line and what follows it, however
+    long the ledger has grown.
+    """
     if not path.exists():
         return None
-    last_start, last_line, end = 0, b"", 0
     with open(path, "rb") as f:
-        for raw in f:
-            if not raw.endswith(b"\n"):
-                # A partial last line; the line before it may be torn as well.
-                return last_start if last_line and not _is_json(last_line) else end
-            last_start, last_line, end = end, raw[:-1], end + len(raw)
+        size = f.seek(0, os.SEEK_END)
+        end = _whole_end(f)
+        start = _line_start_before(f, end - 1) if end else 0
+        f.seek(start)
+        last_line = f.read(max(end - 1 - start, 0))
+    # A crash can leave a block of zeros as the last "line", and a partial one after it.
     if last_line and not _is_json(last_line):
-        return last_start
-    return None
+        return start
+    return end if end < size else None
 
 
 def _is_json(line: bytes) -> bool:
@@ -497,6 +507,11 @@ def _prev_of(line: bytes) -> object:
 
 def _chain_problem(line: bytes, seq: int, prev: str) -> str | None:
     """Why ``line`` is not record ``seq`` following a record hashing to ``prev``; None if it is."""
+    if line.startswith(_chain_prefix(seq, prev)):
+        # Exactly what ``_write_held`` writes first: seq and prev are right without parsing the
+        # rest (parsing was two thirds of a start's verification). A line edited past its
+        # prefix no longer hashes to the next record's prev, so it is caught there.
+        return None
     try:
         record = json.loads(line)
     except ValueError:
@@ -514,6 +529,10 @@ def _chain_problem(line: bytes, seq: int, prev: str) -> str | None:
             f"(record {seq - 1} was edited, or another server appended in between)"
         )
     return None
+
+
+def _chain_prefix(seq: int, prev: str) -> bytes:
+    return f'{{"seq":{seq},"prev":"{prev}",'.encode()
 
 
 def _whole_lines(path: Path) -> Iterator[tuple[int, bytes]]:
