@@ -2673,6 +2673,20 @@ MUTATIONS += (
         ("tests/test_ledger_recovery.py -k torn_tail_is_found",),
     ),
     Mutation(
+        "spool-reopen-follows-a-link",
+        "target_side/service/spool.py",
+        "        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)\n",
+        "        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)\n",
+        ("tests/test_ledger_recovery.py -k planted",),
+    ),
+    Mutation(
+        "ledger-read-refuses-what-only-json-reads",
+        "target_side/service/ledger.py",
+        "    except ValueError:\n        return json.loads(line)\n",
+        "    except ValueError:\n        raise\n",
+        ("tests/test_ledger_recovery.py -k json_module",),
+    ),
+    Mutation(
         "signal-before-the-fence-is-taken-goes-nowhere",
         "target_side/fence/runner.py",
         "            self._waiting_signals.append(SIGNALS[name])\n            return 0\n",

