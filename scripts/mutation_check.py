@@ -2687,6 +2687,13 @@ MUTATIONS += (
         ("tests/test_ledger_recovery.py -k json_module",),
     ),
     Mutation(
+        "earlier-versions-spool-looked-for-in-the-new-place",
+        "target_side/service/store.py",
+        "        return Unrecorded(turn_id=directory.name, in_own_directory=True)\n",
+        "        return Unrecorded(turn_id=directory.name)\n",
+        ("tests/test_ledger_recovery.py -k earlier",),
+    ),
+    Mutation(
         "signal-before-the-fence-is-taken-goes-nowhere",
         "target_side/fence/runner.py",
         "            self._waiting_signals.append(SIGNALS[name])\n            return 0\n",

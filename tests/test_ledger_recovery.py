@@ -235,6 +235,19 @@ def _kept_as_an_earlier_version_did(state: Path, turn_id: str) -> Path:
     return turn_dir
 
 
+def test_a_turn_an_earlier_version_kept_in_its_own_directory_is_served_from_there(
+    tmp_path: Path,
+) -> None:
+    """A restart finds a turn's spool where an earlier version kept it (``turns/TURN/``, no
+    record beside it: the ledger says the rest), not only as ``turns/TURN.frames``."""
+    stopped = _after_one_turn(tmp_path)
+    _kept_as_an_earlier_version_did(stopped.state, stopped.turn_id)
+    turn, evs = stopped.served_again()
+    assert (turn["state"], turn["exit_code"]) == ("exited", 0)
+    assert [e.kind for e in evs] == ["started", "stdout", "exit"]
+    assert not stopped.spool().exists()  # nothing made in the new place
+
+
 def test_a_torn_spool_tail_is_cut_kept_beside_it_and_the_turn_served_whole(
     tmp_path: Path,
 ) -> None:

@@ -135,6 +135,8 @@ class Unrecorded(BaseModel):
     """A turn with only its spool on disk, as every turn now is: the ledger says the rest."""
 
     turn_id: str
+    in_own_directory: bool = False
+    """Kept as an earlier version kept it (``turns/TURN/``); else ``turns/TURN.frames``."""
 
 
 class Unreadable(BaseModel):
@@ -152,7 +154,7 @@ def _earlier(directory: Path) -> StoredTurn | Unreadable | Unrecorded:
     try:
         return StoredTurn.model_validate_json(path.read_bytes())
     except FileNotFoundError:
-        return Unrecorded(turn_id=directory.name)
+        return Unrecorded(turn_id=directory.name, in_own_directory=True)
     except (OSError, ValidationError) as exc:
         return _set_aside(directory.name, path, exc)
 

@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 from shared.exit_status import ExitStatus, for_signal
@@ -297,7 +298,7 @@ class TurnManager:
     ) -> None:
         turn_id = item.turn.turn_id if isinstance(item, StoredTurn) else item.turn_id
         known = latest.get(turn_id)
-        spool = EventSpool(self.store.spool_path(turn_id), self._storage_failed)
+        spool = EventSpool(self._spool_path_of(item), self._storage_failed)
         if spool.cut is not None:
             where = spool.path.parent.relative_to(self.settings.state_root)
             cut = spool.cut.facts() | {"file": str(where / spool.cut.file)}
@@ -332,6 +333,13 @@ class TurnManager:
             return
         await self._ledger_append("recovery", turn_id=turn_id, record=facts)
         await self._recover(stored, spool, known)
+
+    def _spool_path_of(self, item: StoredTurn | Unreadable | Unrecorded) -> Path:
+        if isinstance(item, Unrecorded) and not item.in_own_directory:
+            # Found as its spool's file: nothing to look for (a restart does this per kept turn).
+            return self.store.new_spool_path(item.turn_id)
+        turn_id = item.turn.turn_id if isinstance(item, StoredTurn) else item.turn_id
+        return self.store.spool_path(turn_id)
 
     async def _recover(self, stored: StoredTurn, spool: EventSpool, known: Latest | None) -> None:
         turn_id = stored.turn.turn_id
