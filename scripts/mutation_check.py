@@ -2673,11 +2673,25 @@ MUTATIONS += (
         ("tests/test_ledger_recovery.py -k torn_tail_is_found",),
     ),
     Mutation(
-        "spool-reopen-follows-a-link",
-        "target_side/service/spool.py",
+        "state-files-read-through-a-link",
+        "target_side/service/tails.py",
         "        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)\n",
         "        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)\n",
         ("tests/test_ledger_recovery.py -k planted",),
+    ),
+    Mutation(
+        "session-file-read-through-a-link",
+        "target_side/service/session_store.py",
+        "StoredSession.model_validate_json(read_whole(path))",
+        "StoredSession.model_validate_json(path.read_bytes())",
+        ("tests/test_ledger_recovery.py -k session_or_an_earlier",),
+    ),
+    Mutation(
+        "ledger-link-refused-without-a-reason",
+        "target_side/service/ledger.py",
+        "        if exc.errno == errno.ELOOP:\n            raise LedgerError(",
+        "        if False:\n            raise LedgerError(",
+        ("tests/test_ledger_recovery.py -k ledger_planted",),
     ),
     Mutation(
         "ledger-read-refuses-what-only-json-reads",

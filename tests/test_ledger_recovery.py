@@ -27,7 +27,9 @@ from shared.walk import canonical_path
 from shared.wire import EVENTS, Event
 from target_side.errors import StorageError
 from target_side.service import ledger
+from target_side.service.session_store import SessionStore
 from target_side.service.spool import EventSpool, records_on_disk
+from target_side.service.store import TurnStore, Unreadable
 
 SHORT_WRITE = """
 import asyncio, resource, signal, sys
@@ -589,10 +591,12 @@ def test_a_start_reads_only_the_end_of_a_long_ledger_for_a_torn_tail(
 def _count_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Bytes read through every file ``ledger`` opens from now on, one entry a read."""
     read: list[int] = []
-    real_open = open
+    real_open = ledger.open_to_read
 
-    def counting_open(*args: Any, **kwargs: Any) -> Any:
-        f = real_open(*args, **kwargs)
+    def counting_open(path: Path) -> Any:
+        f = real_open(path)
+        if f is None:
+            return None
         real_read = f.read
 
         def counted(n: int = -1) -> bytes:
@@ -600,10 +604,10 @@ def _count_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
             read.append(len(got))
             return got
 
-        f.read = counted
+        f.read = counted  # type: ignore[method-assign]
         return f
 
-    monkeypatch.setattr(ledger, "open", counting_open, raising=False)
+    monkeypatch.setattr(ledger, "open_to_read", counting_open)
     return read
 
 
@@ -689,3 +693,52 @@ def test_a_spool_planted_as_a_link_is_never_read_at_a_restart(tmp_path: Path) ->
         EventSpool(planted)
     assert sorted(p.name for p in turns.iterdir()) == [planted.name]  # no torn copy beside it
     assert secret.read_bytes() == b"root:x:0:0:root:/root:/bin/bash\n"
+
+
+def test_a_ledger_planted_as_a_link_stops_the_target_and_nothing_it_points_to_is_read(
+    tmp_path: Path,
+) -> None:
+    """A link in the ledger's place is refused by name, by the target and by ``ledger
+    verify``: no line of what it points to is read, checked or copied aside as torn."""
+    root = Path(canonical_path(tmp_path))
+    config, url = write_config(root)
+    state = root / "state"
+    first = TargetProcess.start(config, url, root / "first.log")
+    _run_one_turn(first, ["true"])
+    first.terminate()
+    secret = root / "secret"
+    secret.write_bytes(b"root:x:0:0:root:/root:/bin/bash\n")
+    (state / ledger.LEDGER).unlink()
+    (state / ledger.LEDGER).symlink_to(secret)
+
+    refused = TargetProcess.start(config, url, root / "refused.log", wait=False)
+    assert wait_for_exit(refused.proc, timeout=30) not in (None, 0)
+    said = f"{state / ledger.LEDGER} is a symbolic link, not the ledger"
+    assert said in (root / "refused.log").read_text()
+    checked = _cli("ledger", "verify", "--config", str(config))
+    assert checked.returncode == 1
+    assert said in checked.stderr
+    assert not list(state.glob("ledger.jsonl.*"))  # nothing kept aside as a torn tail
+    assert secret.read_bytes() == b"root:x:0:0:root:/root:/bin/bash\n"
+
+
+def test_a_session_or_an_earlier_record_planted_as_a_link_is_set_aside_unread(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A restart reads a session's file, and an earlier version's turn record, never through
+    a link: the link is set aside as unreadable, and what it points to reaches no log."""
+    secret = tmp_path / "secret"
+    secret.write_text('{"session": "root:x:0:0:root:/root:/bin/bash"}')
+    sessions = tmp_path / "state" / "sessions"
+    sessions.mkdir(parents=True)
+    (sessions / f"s-{'b' * 32}.json").symlink_to(secret)
+    turn_dir = tmp_path / "state" / "turns" / f"t-{'c' * 32}"
+    turn_dir.mkdir(parents=True)
+    (turn_dir / "record.json").symlink_to(secret)
+
+    assert list(SessionStore(tmp_path / "state").load_all()) == []
+    (found,) = TurnStore(tmp_path / "state").load_all()
+    assert isinstance(found, Unreadable)
+    assert [p.name.split(".torn-")[0] for p in sessions.iterdir()] == [f"s-{'b' * 32}.json"]
+    assert "root:x" not in caplog.text
+    assert secret.read_text() == '{"session": "root:x:0:0:root:/root:/bin/bash"}'

@@ -58,7 +58,7 @@ import pydantic_core
 
 from target_side.errors import LedgerError, StorageError
 from target_side.safe_files import open_private, write_atomic
-from target_side.service.tails import Cut, cut_file, stamp, write_all
+from target_side.service.tails import Cut, cut_file, open_to_read, stamp, write_all
 
 log = logging.getLogger("paddock.target")
 
@@ -342,9 +342,10 @@ def records_newest_first(state_root: Path) -> Iterator[dict[str, Any]]:
 
 
 def _whole_lines_newest_first(path: Path) -> Iterator[bytes]:
-    if not path.exists():
+    f = _open_ledger(path)
+    if f is None:
         return
-    with open(path, "rb") as f:
+    with f:
         position = _whole_end(f)
         carry = b""
         while position > 0:
@@ -358,6 +359,19 @@ def _whole_lines_newest_first(path: Path) -> Iterator[bytes]:
                     yield line
         if carry:
             yield carry
+
+
+def _open_ledger(path: Path) -> BinaryIO | None:
+    """The ledger opened to be read (None if there is none), never through a link."""
+    try:
+        return open_to_read(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise LedgerError(
+                f"{path} is a symbolic link, not the ledger the target writes there; nothing "
+                "it points to was read. Put the ledger itself in its place"
+            ) from exc
+        raise
 
 
 def _whole_end(f: BinaryIO) -> int:
@@ -408,9 +422,10 @@ def _torn_start(path: Path) -> int | None:
     Read from the end: only the last whole line and what follows it, however
     long the ledger has grown.
     """
-    if not path.exists():
+    f = _open_ledger(path)
+    if f is None:
         return None
-    with open(path, "rb") as f:
+    with f:
         size = f.seek(0, os.SEEK_END)
         end = _whole_end(f)
         start = _line_start_before(f, end - 1) if end else 0
@@ -553,10 +568,11 @@ def _chain_prefix(seq: int, prev: str) -> bytes:
 
 def _whole_lines(path: Path) -> Iterator[tuple[int, bytes]]:
     """(offset, line without its newline) of every newline-terminated line of ``path``."""
-    if not path.exists():
+    f = _open_ledger(path)
+    if f is None:
         return
     offset = 0
-    with open(path, "rb") as f:
+    with f:
         for raw in f:
             if not raw.endswith(b"\n"):
                 return

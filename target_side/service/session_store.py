@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from shared.wire import Session, is_session_id
 from target_side.safe_files import write_atomic
-from target_side.service.tails import stamp
+from target_side.service.tails import read_whole, stamp
 
 log = logging.getLogger("paddock.target")
 SUFFIX = ".json"
@@ -53,7 +53,7 @@ class SessionStore:
             if path.suffix != SUFFIX or not is_session_id(path.stem):
                 continue
             try:
-                yield StoredSession.model_validate_json(path.read_bytes())
+                yield StoredSession.model_validate_json(read_whole(path))
             except (OSError, ValidationError) as exc:
                 kept = path.with_name(f"{path.name}.torn-{stamp()}")
                 with contextlib.suppress(OSError):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import errno
 import json
 import os
 import time
@@ -44,7 +45,7 @@ from shared.frames import KIND_CODES, KINDS
 from shared.wire import EVENTS, TERMINAL_KINDS, Event
 from target_side.errors import StorageError
 from target_side.fence.raw_syscalls import start_writeback
-from target_side.service.tails import Cut, cut_file, stamp, write_all
+from target_side.service.tails import Cut, cut_file, open_to_read, stamp, write_all
 
 READ_BATCH = 256
 """Events per read for the event stream."""
@@ -552,12 +553,9 @@ def _index(path: Path, form: _Format) -> tuple[array[int], bytearray, int, Cut |
     """
     offsets = array("Q")
     kinds = bytearray()
-    try:
-        # Never through a link: the server's own directory, and nothing else, holds spools.
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
+    f = open_to_read(path)
+    if f is None:
         return offsets, kinds, 0, None
-    f = os.fdopen(fd, "rb")
     start = 0
     pending = b""
     torn = False
@@ -608,6 +606,9 @@ def events_on_disk(path: Path) -> list[Event]:
 
 
 def _read_range(path: Path, start: int, end: int) -> bytes:
-    with open(path, "rb") as f:
+    f = open_to_read(path)
+    if f is None:
+        raise FileNotFoundError(errno.ENOENT, "the spool is gone", str(path))
+    with f:
         f.seek(start)
         return f.read(end - start)

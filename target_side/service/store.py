@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from shared.wire import Turn, is_turn_id
 from target_side.service.spool import FRAMES, LINES
-from target_side.service.tails import stamp
+from target_side.service.tails import read_whole, stamp
 
 log = logging.getLogger("paddock.target")
 RECORD = "record.json"
@@ -152,7 +152,7 @@ def _earlier(directory: Path) -> StoredTurn | Unreadable | Unrecorded:
     _remove_unfinished_writes(directory)
     path = directory / RECORD
     try:
-        return StoredTurn.model_validate_json(path.read_bytes())
+        return StoredTurn.model_validate_json(read_whole(path))
     except FileNotFoundError:
         return Unrecorded(turn_id=directory.name, in_own_directory=True)
     except (OSError, ValidationError) as exc:
