@@ -700,12 +700,8 @@ def test_a_ledger_planted_as_a_link_stops_the_target_and_nothing_it_points_to_is
 ) -> None:
     """A link in the ledger's place is refused by name, by the target and by ``ledger
     verify``: no line of what it points to is read, checked or copied aside as torn."""
-    root = Path(canonical_path(tmp_path))
-    config, url = write_config(root)
-    state = root / "state"
-    first = TargetProcess.start(config, url, root / "first.log")
-    _run_one_turn(first, ["true"])
-    first.terminate()
+    stopped = _after_one_turn(tmp_path)
+    root, config, url, state = stopped.root, stopped.config, stopped.url, stopped.state
     secret = root / "secret"
     secret.write_bytes(b"root:x:0:0:root:/root:/bin/bash\n")
     (state / ledger.LEDGER).unlink()
