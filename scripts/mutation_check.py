@@ -2674,7 +2674,7 @@ MUTATIONS += (
     ),
     Mutation(
         "state-files-read-through-a-link",
-        "target_side/service/tails.py",
+        "target_side/safe_files.py",
         "        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)\n",
         "        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)\n",
         ("tests/test_ledger_recovery.py -k planted",),

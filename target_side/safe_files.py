@@ -5,16 +5,51 @@ opened, not by a ``stat`` of the name. Writes go to a private temporary file in
 the same directory (``0600`` from birth, fsynced), whose identity is checked
 again just before ``os.replace`` puts it in place: a reader sees the old file
 or the new one, never a half-written one. Ancestors are checked so that no one
-but root and the service user could have swapped a directory on the way.
+but root and the service user could have swapped a directory on the way. The
+state root's own files are read without following a link, and judged no further
+(``open_to_read``).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
+from typing import BinaryIO
 
 from target_side.errors import UnsafeFileError
+
+
+def open_to_read(path: Path) -> BinaryIO | None:
+    """``path`` opened for reading, never through a link (``OSError`` ELOOP if it is one);
+    None if there is no such file.
+
+    For the state root's files, which the server alone writes (the ledger, the spools, the
+    sessions): a link in one's place is nothing the server made, and what it points to is
+    never read. Nothing else about the file is judged (``read_private`` judges more).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    return os.fdopen(fd, "rb")
+
+
+def read_whole(path: Path) -> bytes:
+    """Every byte of ``path``, read as ``open_to_read`` opens it (``FileNotFoundError`` if
+    there is no such file)."""
+    f = open_existing(path)
+    with f:
+        return f.read()
+
+
+def open_existing(path: Path) -> BinaryIO:
+    """``open_to_read``, where a missing file is an error (``FileNotFoundError``)."""
+    f = open_to_read(path)
+    if f is None:
+        raise FileNotFoundError(errno.ENOENT, "No such file", str(path))
+    return f
 
 
 def check_ancestors(path: Path) -> None:

@@ -57,8 +57,8 @@ from typing import Any, BinaryIO
 import pydantic_core
 
 from target_side.errors import LedgerError, StorageError
-from target_side.safe_files import open_private, write_atomic
-from target_side.service.tails import Cut, cut_file, open_to_read, stamp, write_all
+from target_side.safe_files import open_private, open_to_read, write_atomic
+from target_side.service.tails import Cut, cut_file, stamp, write_all
 
 log = logging.getLogger("paddock.target")
 

@@ -15,8 +15,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from shared.wire import Session, is_session_id
-from target_side.safe_files import write_atomic
-from target_side.service.tails import read_whole, stamp
+from target_side.safe_files import read_whole, write_atomic
+from target_side.service.tails import stamp
 
 log = logging.getLogger("paddock.target")
 SUFFIX = ".json"

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import errno
 import json
 import os
 import time
@@ -45,7 +44,8 @@ from shared.frames import KIND_CODES, KINDS
 from shared.wire import EVENTS, TERMINAL_KINDS, Event
 from target_side.errors import StorageError
 from target_side.fence.raw_syscalls import start_writeback
-from target_side.service.tails import Cut, cut_file, open_to_read, stamp, write_all
+from target_side.safe_files import open_existing, open_to_read
+from target_side.service.tails import Cut, cut_file, stamp, write_all
 
 READ_BATCH = 256
 """Events per read for the event stream."""
@@ -606,9 +606,6 @@ def events_on_disk(path: Path) -> list[Event]:
 
 
 def _read_range(path: Path, start: int, end: int) -> bytes:
-    f = open_to_read(path)
-    if f is None:
-        raise FileNotFoundError(errno.ENOENT, "the spool is gone", str(path))
-    with f:
+    with open_existing(path) as f:
         f.seek(start)
         return f.read(end - start)

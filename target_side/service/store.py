@@ -37,8 +37,9 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from shared.wire import Turn, is_turn_id
+from target_side.safe_files import read_whole
 from target_side.service.spool import FRAMES, LINES
-from target_side.service.tails import read_whole, stamp
+from target_side.service.tails import stamp
 
 log = logging.getLogger("paddock.target")
 RECORD = "record.json"

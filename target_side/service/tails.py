@@ -14,9 +14,9 @@ import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-from target_side.safe_files import fsync_dir
+from target_side.safe_files import fsync_dir, open_existing
 
 log = logging.getLogger("paddock.target")
 
@@ -39,28 +39,6 @@ class Cut:
 def stamp() -> str:
     """A UTC time stamp for names of files kept aside."""
     return datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
-
-
-def open_to_read(path: Path) -> BinaryIO | None:
-    """``path`` opened for reading, never through a link (``OSError`` ELOOP if it is one);
-    None if there is no such file.
-
-    The ledger and the spools are the server's own files in its own directory: a link in
-    one's place is nothing the server made, and what it points to is never read.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    return os.fdopen(fd, "rb")
-
-
-def read_whole(path: Path) -> bytes:
-    """Every byte of ``path``, read as ``open_to_read`` opens it (``FileNotFoundError`` if
-    there is no such file)."""
-    f = _existing(path)
-    with f:
-        return f.read()
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -98,18 +76,11 @@ def cut_file(path: Path, start: int, kept_name: str) -> Cut:
 
 def _digest_from(path: Path, start: int) -> str:
     digest = hashlib.sha256()
-    with _existing(path) as f:
+    with open_existing(path) as f:
         f.seek(start)
         while block := f.read(1 << 20):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _existing(path: Path) -> BinaryIO:
-    f = open_to_read(path)
-    if f is None:
-        raise FileNotFoundError(errno.ENOENT, "gone while being cut", str(path))
-    return f
 
 
 def _copy_from(path: Path, start: int, kept: Path) -> str:
@@ -117,7 +88,7 @@ def _copy_from(path: Path, start: int, kept: Path) -> str:
     digest = hashlib.sha256()
     fd = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        with _existing(path) as f:
+        with open_existing(path) as f:
             f.seek(start)
             while block := f.read(1 << 20):
                 digest.update(block)
