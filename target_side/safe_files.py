@@ -39,8 +39,7 @@ def open_to_read(path: Path) -> BinaryIO | None:
 def read_whole(path: Path) -> bytes:
     """Every byte of ``path``, read as ``open_to_read`` opens it (``FileNotFoundError`` if
     there is no such file)."""
-    f = open_existing(path)
-    with f:
+    with open_existing(path) as f:
         return f.read()
 
 

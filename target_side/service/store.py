@@ -67,9 +67,14 @@ class TurnStore:
         """The spool of a turn being made now (nothing on disk to look at)."""
         return self.root / f"{turn_id}{SPOOL_SUFFIX}"
 
-    def spool_path(self, turn_id: str) -> Path:
-        """The turn's spool: its file, or where an earlier version kept it."""
+    def spool_path(self, found: Found) -> Path:
+        """The spool of a turn ``load_all`` found: its file, or where an earlier version kept
+        it. Found as its file, it is taken from there with nothing looked at (a restart
+        asks this of every kept turn)."""
+        turn_id = turn_id_of(found)
         spool = self.new_spool_path(turn_id)
+        if isinstance(found, Unrecorded) and not found.in_own_directory:
+            return spool
         if spool.exists():
             return spool
         for name in (LINES, FRAMES):
@@ -78,7 +83,7 @@ class TurnStore:
                 return legacy
         return spool
 
-    def load_all(self) -> Iterator[StoredTurn | Unreadable | Unrecorded]:
+    def load_all(self) -> Iterator[Found]:
         """Every turn on disk: just its id (the ledger holds the rest), or the record an
         earlier version wrote, or what became of such a record that does not parse."""
         if not self.root.is_dir():
@@ -148,7 +153,15 @@ class Unreadable(BaseModel):
     reason: str
 
 
-def _earlier(directory: Path) -> StoredTurn | Unreadable | Unrecorded:
+Found = StoredTurn | Unreadable | Unrecorded
+"""A turn ``TurnStore.load_all`` found on disk."""
+
+
+def turn_id_of(found: Found) -> str:
+    return found.turn.turn_id if isinstance(found, StoredTurn) else found.turn_id
+
+
+def _earlier(directory: Path) -> Found:
     """A turn an earlier version kept in a directory of its own, with or without its record."""
     _remove_unfinished_writes(directory)
     path = directory / RECORD

@@ -33,7 +33,6 @@ from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any, TypeVar
 
 from shared.exit_status import ExitStatus, for_signal
@@ -90,7 +89,14 @@ from target_side.service.listing import newest_turns
 from target_side.service.sessions import SessionManager
 from target_side.service.spool import EventSpool, SpoolAtRest, now
 from target_side.service.state_lock import StateLock
-from target_side.service.store import StoredTurn, TurnStore, Unreadable, Unrecorded, expired
+from target_side.service.store import (
+    Found,
+    StoredTurn,
+    TurnStore,
+    Unrecorded,
+    expired,
+    turn_id_of,
+)
 
 log = logging.getLogger("paddock.target")
 T = TypeVar("T")
@@ -267,7 +273,7 @@ class TurnManager:
         try:
             found = await asyncio.to_thread(lambda: list(self.store.load_all()))
             self._ledger = await asyncio.to_thread(Ledger, root)
-            ids = {f.turn.turn_id if isinstance(f, StoredTurn) else f.turn_id for f in found}
+            ids = {turn_id_of(f) for f in found}
             latest = await asyncio.to_thread(self.ledger.latest_turns, ids)
             for item in found:
                 await self._take_back(item, latest)
@@ -293,12 +299,10 @@ class TurnManager:
         self._check_low_water()
         self._watch = asyncio.create_task(self._watch_disk())
 
-    async def _take_back(
-        self, item: StoredTurn | Unreadable | Unrecorded, latest: dict[str, Latest]
-    ) -> None:
-        turn_id = item.turn.turn_id if isinstance(item, StoredTurn) else item.turn_id
+    async def _take_back(self, item: Found, latest: dict[str, Latest]) -> None:
+        turn_id = turn_id_of(item)
         known = latest.get(turn_id)
-        spool = EventSpool(self._spool_path_of(item), self._storage_failed)
+        spool = EventSpool(self.store.spool_path(item), self._storage_failed)
         if spool.cut is not None:
             where = spool.path.parent.relative_to(self.settings.state_root)
             cut = spool.cut.facts() | {"file": str(where / spool.cut.file)}
@@ -333,13 +337,6 @@ class TurnManager:
             return
         await self._ledger_append("recovery", turn_id=turn_id, record=facts)
         await self._recover(stored, spool, known)
-
-    def _spool_path_of(self, item: StoredTurn | Unreadable | Unrecorded) -> Path:
-        if isinstance(item, Unrecorded) and not item.in_own_directory:
-            # Found as its spool's file: nothing to look for (a restart does this per kept turn).
-            return self.store.new_spool_path(item.turn_id)
-        turn_id = item.turn.turn_id if isinstance(item, StoredTurn) else item.turn_id
-        return self.store.spool_path(turn_id)
 
     async def _recover(self, stored: StoredTurn, spool: EventSpool, known: Latest | None) -> None:
         turn_id = stored.turn.turn_id
