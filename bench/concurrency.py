@@ -8,7 +8,8 @@ and connection, opened and warmed before the clock starts, which runs its turn
 as every agent does (``drive``: one request, submission and stream, where the
 target answers so) to the exit event. The baselines start the same commands
 bare, all at once, in the same run: as processes, and in bubblewrap with the
-fence's flags.
+fence's flags, each round in a process that reaps every process they leave
+(``bench.bare_burst``), so that a bare sandbox's CPU is counted as a fence's is.
 
 A second table says where the CPU went while the turns ran: how busy the
 machine was, and the CPU time of the target process, of its fences (bubblewrap
@@ -21,15 +22,14 @@ which bounds how fast the paddock rounds can be on these cores.
 
 from __future__ import annotations
 
-import os
 import statistics
-import subprocess
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agent_side.turns import drive
+from bench import bare_burst
 from bench.common import CpuSnapshot, Samples, ratio, render_table, with_failures
 from bench.latency import BARE_BWRAP
 from bench.targets import ROLE, TargetInfo, target_process
@@ -82,19 +82,8 @@ def _walls(rounds: list[tuple[float, CpuSnapshot]]) -> Samples:
 
 def _bare(count: int, argv: list[str]) -> tuple[float, CpuSnapshot]:
     """Seconds from starting ``count`` copies of ``argv`` at once until the last has ended,
-    and the CPU time spent meanwhile (theirs as this process's reaped children)."""
-    before = CpuSnapshot.take(os.getpid())
-    started = time.perf_counter()
-    procs = [
-        subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for _ in range(count)
-    ]
-    codes = [proc.wait() for proc in procs]
-    took = time.perf_counter() - started
-    spent = before.until(CpuSnapshot.take(os.getpid()))
-    if any(codes):
-        raise RuntimeError(f"{argv} failed bare: exit statuses {sorted(set(codes))}")
-    return took, spent
+    and the CPU time spent meanwhile, every sandbox's included (``bench.bare_burst``)."""
+    return bare_burst.measure(count, argv)
 
 
 def _turns(target: TargetInfo, load: Load, failures: list[str]) -> tuple[float, CpuSnapshot]:
@@ -185,7 +174,8 @@ def _cpu_table(rows: list[list[str]], rounds: int) -> str:
         "   the start to the last exit: the machine busy, of all its cores, and its busy\n"
         "   core-seconds; the target process; its fences, bubblewrap and the commands, as\n"
         "   reaped; the agents, this process. bwrap alone: the same commands in bare\n"
-        "   bubblewrap, what the load costs the machine before any target is involved)"
+        "   bubblewrap, every sandbox reaped, what the load costs the machine before any\n"
+        "   target is involved)"
     )
     headers = ["load", "busy", "core s", "target s", "fences s", "agents s", "target ms/turn"]
     return render_table(title, headers, rows)
