@@ -58,14 +58,16 @@ def _reap_orphans() -> None:
 
 def measure(count: int, argv: Sequence[str]) -> tuple[float, CpuSnapshot]:
     """``burst`` in a process of its own (the caller stays no subreaper)."""
-    out = subprocess.run(
+    done = subprocess.run(
         [sys.executable, "-m", "bench.bare_burst", str(count), *argv],
         cwd=REPO,
-        check=True,
         capture_output=True,
         text=True,
-    ).stdout
-    said = json.loads(out)
+    )
+    if done.returncode != 0:
+        said = done.stderr.strip().splitlines() or [f"exit status {done.returncode}"]
+        raise RuntimeError(f"{count} bare copies of {list(argv)}: {said[-1]}")
+    said = json.loads(done.stdout)
     return said["wall"], CpuSnapshot(**said["cpu"])
 
 
