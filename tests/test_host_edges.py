@@ -881,8 +881,15 @@ def test_signals_a_server_inherited_blocked_reach_its_turns(tmp_path: Path) -> N
 
 def test_signals_ignored_once_changed_need_no_program_before_bubblewrap() -> None:
     """What the server does at its start leaves ``env --default-signal`` nothing to do."""
+    # Every other signal at its default first: a test run started under nohup, or as a
+    # shell's background job, hands its children SIGHUP, SIGINT and SIGQUIT ignored.
     script = (
         "import signal; signal.pthread_sigmask(signal.SIG_SETMASK, ())\n"
+        "for number in signal.valid_signals():\n"
+        "    try:\n"
+        "        signal.signal(number, signal.SIG_DFL)\n"
+        "    except (OSError, ValueError):\n"
+        "        pass\n"
         "signal.signal(signal.SIGQUIT, signal.SIG_IGN)\n"
         "from target_side.fence import launch, signals\n"
         "assert launch.signal_reset_prefix()\n"
