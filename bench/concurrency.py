@@ -58,8 +58,10 @@ def run(rounds: int) -> str:
     with target_process() as target:
         for count, argv in LOADS:
             load = Load(count, argv)
-            bare = _walls([_bare(load.count, _usr_bin(load.argv)) for _ in range(rounds)])
-            in_bwrap = [_bare(load.count, _in_bwrap(load.argv)) for _ in range(rounds)]
+            bare = _walls(
+                [bare_burst.measure(load.count, _usr_bin(load.argv)) for _ in range(rounds)]
+            )
+            in_bwrap = [bare_burst.measure(load.count, _in_bwrap(load.argv)) for _ in range(rounds)]
             spent = [_turns(target, load, failures) for _ in range(rounds)]
             rows += _rows(load, bare, _walls(in_bwrap), _walls(spent))
             cpu_rows.append(_bwrap_cpu_row(load, [cpu for _, cpu in in_bwrap]))
@@ -78,12 +80,6 @@ def _in_bwrap(argv: Sequence[str]) -> list[str]:
 
 def _walls(rounds: list[tuple[float, CpuSnapshot]]) -> Samples:
     return Samples(tuple(wall for wall, _ in rounds))
-
-
-def _bare(count: int, argv: list[str]) -> tuple[float, CpuSnapshot]:
-    """Seconds from starting ``count`` copies of ``argv`` at once until the last has ended,
-    and the CPU time spent meanwhile, every sandbox's included (``bench.bare_burst``)."""
-    return bare_burst.measure(count, argv)
 
 
 def _turns(target: TargetInfo, load: Load, failures: list[str]) -> tuple[float, CpuSnapshot]:

@@ -158,6 +158,7 @@ Found = StoredTurn | Unreadable | Unrecorded
 
 
 def turn_id_of(found: Found) -> str:
+    """The id of a turn ``load_all`` found, whichever form it was found in."""
     return found.turn.turn_id if isinstance(found, StoredTurn) else found.turn_id
 
 
